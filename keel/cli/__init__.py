@@ -1,0 +1,3 @@
+"""The `keel` command line (typer + rich). Commands live in one module per area; main.py wires
+them.
+"""

@@ -1,0 +1,222 @@
+"""`keel run`, `keel status` and `keel quickstart`: running experiment files of steps."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from keel.cli.output import fail, print_json, stderr, stdout, user_errors
+from keel.core import paths
+from keel.steps import (
+    RunReport,
+    Step,
+    StepStore,
+    all_steps,
+    load_experiment,
+    output_path,
+    override_steps,
+    plan,
+    run,
+)
+from keel.steps.record import git_commit
+
+DEFAULT_PREFIX = "keel-out"
+
+PREFIX = typer.Option(
+    DEFAULT_PREFIX,
+    "--prefix",
+    envvar="KEEL_PREFIX",
+    help="Where outputs go: a directory or an fsspec URL (s3://bucket/path).",
+)
+FORCE = typer.Option(None, "--force", help="Re-run steps whose name matches this regex.")
+MAX_PARALLEL = typer.Option(
+    1, "--max-parallel", min=1, help="Run up to N independent steps at once."
+)
+DRY_RUN = typer.Option(False, "--dry-run", help="Print the plan (cached / to run); run nothing.")
+JSON = typer.Option(False, "--json", help="Print one JSON object on stdout instead of a table.")
+SET = typer.Option(
+    [], "--set", help="Override a step's config: STEP.key=value (repeatable), type-checked."
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run_command)
+    app.command("status")(status_command)
+    app.command("quickstart")(quickstart_command)
+
+
+@user_errors
+def run_command(
+    experiment: Path = typer.Argument(..., help="An experiment file: Python with STEPS = [...]."),
+    prefix: str = PREFIX,
+    dry_run: bool = DRY_RUN,
+    force: str | None = FORCE,
+    max_parallel: int = MAX_PARALLEL,
+    overrides: list[str] = SET,
+    as_json: bool = JSON,
+) -> None:
+    """Run the steps an experiment file declares; committed steps are reused, not re-run.
+
+    Example: keel run experiments/my_exp.py --prefix /data/keel --max-parallel 4 --set train.lr=3e-4
+    """
+    steps = override_steps(load_experiment(experiment), overrides)
+    _run_steps(steps, prefix, dry_run, force, max_parallel, as_json, experiment.parent)
+
+
+@user_errors
+def quickstart_command(
+    prefix: str = PREFIX,
+    dry_run: bool = DRY_RUN,
+    force: str | None = FORCE,
+    max_parallel: int = typer.Option(2, "--max-parallel", min=1, help="Steps run at once."),
+    overrides: list[str] = SET,
+    as_json: bool = JSON,
+) -> None:
+    """Run the main job end to end on the bundled sample (keel/experiments/quickstart.py).
+
+    Example: keel quickstart --prefix /tmp/keel-demo
+    """
+    source = resources.files("keel.experiments") / "quickstart.py"
+    with resources.as_file(source) as experiment:
+        steps = override_steps(load_experiment(experiment), overrides)
+        report = _run_steps(steps, prefix, dry_run, force, max_parallel, as_json, experiment.parent)
+    if report is not None and not as_json:
+        _show_quickstart_summary(prefix, steps)
+
+
+@user_errors
+def status_command(prefix: str = PREFIX, as_json: bool = JSON) -> None:
+    """List the steps under a prefix: state, age and output path.
+
+    Example: keel status --prefix keel-out --json
+    """
+    entries = StepStore(prefix).entries()
+    if as_json:
+        print_json(
+            {
+                "prefix": paths.normalize(prefix),
+                "steps": [
+                    {
+                        "name": entry.record.name,
+                        "hash": entry.record.identity[:8],
+                        "state": entry.state,
+                        "age_seconds": round(entry.record.age_seconds(), 3),
+                        "output": entry.record.output,
+                        "error": entry.record.error,
+                    }
+                    for entry in entries
+                ],
+            }
+        )
+        return
+    if not entries:
+        stderr.print(f"no steps under {paths.normalize(prefix)}")
+        return
+    table = Table("step", "state", "age", "output")
+    colors = {"SUCCESS": "green", "FAILED": "red", "RUNNING": "yellow", "INTERRUPTED": "magenta"}
+    for entry in entries:
+        state = f"[{colors.get(entry.state, 'white')}]{entry.state}[/]"
+        table.add_row(entry.dir_name, state, _age(entry.record.age_seconds()), entry.record.output)
+    stdout.print(table)
+
+
+def _run_steps(
+    steps: list[Step],
+    prefix: str,
+    dry_run: bool,
+    force: str | None,
+    max_parallel: int,
+    as_json: bool,
+    experiment_dir: Path,
+) -> RunReport | None:
+    all_steps(steps)  # computes every identity now: an unhashable config fails before any work
+    if dry_run:
+        _show_plan(steps, prefix, force, as_json)
+        return None
+    report = run(
+        steps,
+        prefix,
+        force=force,
+        max_parallel=max_parallel,
+        git_commit=git_commit(experiment_dir),
+    )
+    if as_json:
+        print_json(report.summary())
+    else:
+        _show_report(report)
+    if not report.ok:
+        raise _failure(report, prefix)
+    return report
+
+
+def _show_plan(steps: list[Step], prefix: str, force: str | None, as_json: bool) -> None:
+    planned = plan(steps, prefix, force)
+    if as_json:
+        print_json(
+            {
+                "dry_run": True,
+                "executed": [],
+                "cached": [p.step.name for p in planned if p.action == "cached"],
+                "failed": [],
+                "to_run": [p.step.name for p in planned if p.action == "run"],
+            }
+        )
+        return
+    table = Table("step", "plan", "why", "output", title="plan (dry run: nothing runs)")
+    for item in planned:
+        color = "green" if item.action == "cached" else "yellow"
+        table.add_row(item.step.name, f"[{color}]{item.action}[/]", item.reason, item.output)
+    stdout.print(table)
+
+
+def _show_report(report: RunReport) -> None:
+    table = Table("step", "outcome", "output")
+    colors = {"executed": "cyan", "cached": "green", "failed": "red"}
+    for outcome in ("executed", "cached", "failed"):
+        for name in getattr(report, outcome):
+            table.add_row(name, f"[{colors[outcome]}]{outcome}[/]", report.outputs[name])
+    stdout.print(table)
+
+
+def _failure(report: RunReport, prefix: str) -> typer.Exit:
+    store = StepStore(prefix)
+    root_causes = {k: v for k, v in report.errors.items() if not v.startswith("not run:")}
+    skipped = len(report.errors) - len(root_causes)
+    lines = [
+        f"step {dir_name} failed: {error} (traceback: "
+        f"{paths.join(store.control(dir_name), 'attempt.json')})"
+        for dir_name, error in root_causes.items()
+    ]
+    if skipped:
+        lines[-1] += f"; {skipped} downstream step{'s' * (skipped > 1)} not run"
+    for line in lines[:-1]:
+        fail(line, 1)
+    return fail(lines[-1], 1)
+
+
+def _show_quickstart_summary(prefix: str, steps: list[Step]) -> None:
+    summary_step = next(step for step in all_steps(steps) if step.name == "summary")
+    summary_file = paths.join(output_path(paths.normalize(prefix), summary_step), "summary.json")
+    summary = json.loads(paths.read_text(summary_file))
+    top = ", ".join(f"{word} ({count})" for word, count in summary["top_words"][:10])
+    stdout.print(
+        f"\n[bold]quickstart done[/]: {summary['documents']} documents, "
+        f"{summary['words']:,} words, "
+        f"{summary['distinct_counted_words']:,} distinct counted words.\n"
+        f"top words: {top}\nsummary: {summary_file}\n"
+        f"next: `keel status --prefix {prefix}`; run again and every step is cached."
+    )
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h"
+    return f"{seconds / 86400:.0f}d"

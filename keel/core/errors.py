@@ -1,0 +1,42 @@
+"""Error types that carry a message meant for the user.
+
+Library code raises these for mistakes a user can fix (a bad config, a missing file). The CLI prints
+`str(error)` as one line and exits with `error.exit_code`, never a traceback. Bugs stay ordinary
+exceptions so that their tracebacks reach whoever must fix them.
+"""
+
+from __future__ import annotations
+
+
+class KeelError(Exception):
+    """Base class: a failure explained in one line (what, where, what to do).
+
+    `exit_code` is what the CLI exits with: 2 for usage mistakes, 1 for work that failed.
+    """
+
+    exit_code: int = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(KeelError):
+    """The user asked for something that cannot be done as asked (bad argument, missing file)."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A config is malformed, names a key that does not exist, or holds a wrongly typed value."""
+
+
+class UnhashableConfigError(ConfigError):
+    """A config holds a value that has no canonical form (a function, an open file, ...)."""
+
+
+class LockLostError(KeelError):
+    """This process no longer holds a lock it thought it held (another runner took it over)."""

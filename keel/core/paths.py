@@ -1,0 +1,130 @@
+"""Paths that may be local directories or fsspec URLs (s3://, gs://, memory://, file://).
+
+Every keel function that takes a path takes either. These helpers keep the local case on plain `os`
+calls (fast, and atomic where POSIX is) and send everything else through fsspec.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import uuid
+from pathlib import Path
+from typing import IO, Any
+
+import fsspec
+from fsspec import AbstractFileSystem
+
+_LOCAL_PROTOCOLS = {"file", "local"}
+
+
+def filesystem(path: str | os.PathLike[str]) -> tuple[AbstractFileSystem, str]:
+    """The fsspec filesystem for `path` and the path as that filesystem spells it."""
+    return fsspec.core.url_to_fs(os.fspath(path))
+
+
+def is_local(path: str | os.PathLike[str]) -> bool:
+    """True for plain paths and file:// URLs: rename is atomic and O_EXCL works there."""
+    text = os.fspath(path)
+    if "://" not in text:
+        return True
+    protocol = text.split("://", 1)[0]
+    return protocol in _LOCAL_PROTOCOLS
+
+
+def local_path(path: str | os.PathLike[str]) -> Path:
+    """The plain filesystem path of a local path or file:// URL."""
+    text = os.fspath(path)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    return Path(text)
+
+
+def normalize(path: str | os.PathLike[str]) -> str:
+    """Local paths made absolute (so a record says where output really went); URLs unchanged."""
+    if is_local(path):
+        return str(local_path(path).expanduser().absolute())
+    return os.fspath(path).rstrip("/")
+
+
+def join(base: str | os.PathLike[str], *parts: str) -> str:
+    """Join path parts with "/" for URLs and the OS separator for local paths."""
+    if is_local(base):
+        return str(local_path(base).joinpath(*parts))
+    return posixpath.join(os.fspath(base).rstrip("/"), *parts)
+
+
+def exists(path: str | os.PathLike[str]) -> bool:
+    if is_local(path):
+        return local_path(path).exists()
+    fs, fs_path = filesystem(path)
+    return fs.exists(fs_path)
+
+
+def read_text(path: str | os.PathLike[str]) -> str:
+    """The UTF-8 text of a file; FileNotFoundError when it is missing."""
+    if is_local(path):
+        return local_path(path).read_text(encoding="utf-8")
+    fs, fs_path = filesystem(path)
+    return fs.cat_file(fs_path).decode("utf-8")
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write a small file so that readers see the old content or the new, never a torn one.
+
+    Locally: write a temporary sibling, fsync, rename over. Object stores: one PUT is atomic.
+    """
+    if is_local(path):
+        target = local_path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+        return
+    fs, fs_path = filesystem(path)
+    fs.pipe_file(fs_path, text.encode("utf-8"))
+
+
+def open_file(path: str | os.PathLike[str], mode: str = "rb") -> IO[Any]:
+    """Open a file for reading or writing (binary or text mode), creating parent directories
+    when writing to a local path."""
+    if is_local(path):
+        target = local_path(path)
+        if any(flag in mode for flag in "wax"):
+            target.parent.mkdir(parents=True, exist_ok=True)
+        return open(target, mode, encoding=None if "b" in mode else "utf-8")
+    return fsspec.open(os.fspath(path), mode, encoding=None if "b" in mode else "utf-8").open()
+
+
+def make_dirs(path: str | os.PathLike[str]) -> None:
+    if is_local(path):
+        local_path(path).mkdir(parents=True, exist_ok=True)
+        return
+    fs, fs_path = filesystem(path)
+    fs.makedirs(fs_path, exist_ok=True)
+
+
+def remove_tree(path: str | os.PathLike[str]) -> None:
+    """Delete a directory tree; a missing path is not an error."""
+    if is_local(path):
+        if local_path(path).exists():
+            shutil.rmtree(local_path(path))
+        return
+    fs, fs_path = filesystem(path)
+    if fs.exists(fs_path):
+        fs.rm(fs_path, recursive=True)
+
+
+def list_dir(path: str | os.PathLike[str]) -> list[str]:
+    """Names (not paths) of the entries of a directory; [] when it does not exist."""
+    if is_local(path):
+        directory = local_path(path)
+        return sorted(entry.name for entry in directory.iterdir()) if directory.is_dir() else []
+    fs, fs_path = filesystem(path)
+    if not fs.exists(fs_path):
+        return []
+    return sorted(posixpath.basename(entry.rstrip("/")) for entry in fs.ls(fs_path, detail=False))

@@ -1,0 +1,255 @@
+"""Run a DAG of steps: skip what is committed, run the rest in parallel, commit each atomically.
+
+Independent steps run in threads, up to `max_parallel` at once (heavy work inside a step uses its
+own processes: keel.flow's pool, JAX). Every step goes through the same path:
+
+1. committed and not forced -> cached;
+2. take its lock (or wait while a live runner holds it: when that runner commits, the step is
+   cached here too; when it fails, the failure is reported here without a second attempt);
+3. write a RUNNING attempt record, call `fn(config, staging)`, then commit staging as the output
+   with a SUCCESS record, or record FAILED with the error and traceback.
+
+A failed step fails its descendants, which are not run. The run as a whole goes on with every
+step that does not depend on a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+from keel.core import paths
+from keel.core.errors import UsageError
+from keel.steps.lock import LockSettings, StepLock
+from keel.steps.record import Status, StepRecord, host_name, keel_version, utc_now
+from keel.steps.step import Step, all_steps, resolve_config
+from keel.steps.store import StepStore
+
+logger = logging.getLogger(__name__)
+
+
+class Outcome(StrEnum):
+    EXECUTED = "executed"
+    CACHED = "cached"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """What a run would do with one step: `action` is "cached" or "run"; `reason` says why."""
+
+    step: Step
+    output: str
+    action: str
+    reason: str
+
+
+@dataclass
+class RunReport:
+    """Step names by outcome, plus one error line per failed step (keyed by `name-hash8`)."""
+
+    executed: list[str] = field(default_factory=list)
+    cached: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def summary(self) -> dict[str, list[str]]:
+        """The `keel run --json` object."""
+        return {"executed": self.executed, "cached": self.cached, "failed": self.failed}
+
+    def add(self, step: Step, outcome: Outcome, output: str, error: str | None = None) -> None:
+        getattr(self, outcome.value).append(step.name)
+        self.outputs[step.name] = output
+        if error is not None:
+            self.errors[step.dir_name] = error
+
+
+def plan(roots: list[Step], prefix: str, force: str | None = None) -> list[PlannedStep]:
+    """The run's plan, dependencies first, without running or locking anything."""
+    store = StepStore(prefix)
+    forced = _force_pattern(force)
+    planned = []
+    for step in all_steps(roots):
+        output = store.output(step)
+        if forced is not None and forced.search(step.name):
+            planned.append(PlannedStep(step, output, "run", "forced"))
+        elif store.is_committed(step):
+            planned.append(PlannedStep(step, output, "cached", "output committed"))
+        else:
+            attempt = store.attempt_record(step.dir_name)
+            reason = (
+                "failed before" if attempt and attempt.status is Status.FAILED else "not run yet"
+            )
+            planned.append(PlannedStep(step, output, "run", reason))
+    return planned
+
+
+def run(
+    roots: list[Step],
+    prefix: str,
+    *,
+    force: str | None = None,
+    max_parallel: int = 1,
+    lock_settings: LockSettings | None = None,
+    git_commit: str | None = None,
+) -> RunReport:
+    """Run `roots` and their dependencies under `prefix`; see the module docstring."""
+    if max_parallel < 1:
+        raise UsageError(f"--max-parallel must be at least 1, got {max_parallel}")
+    runner = _Runner(
+        StepStore(prefix), _force_pattern(force), lock_settings or LockSettings(), git_commit
+    )
+    return runner.run_all(all_steps(roots), max_parallel)
+
+
+def _force_pattern(force: str | None) -> re.Pattern[str] | None:
+    if force is None:
+        return None
+    try:
+        return re.compile(force)
+    except re.error as error:
+        raise UsageError(f"--force {force!r} is not a valid regular expression: {error}") from None
+
+
+class _Runner:
+    def __init__(
+        self,
+        store: StepStore,
+        forced: re.Pattern[str] | None,
+        lock_settings: LockSettings,
+        git_commit: str | None,
+    ) -> None:
+        self.store = store
+        self.forced = forced
+        self.lock_settings = lock_settings
+        self.git_commit = git_commit
+        self.started = datetime.now().astimezone()
+
+    def run_all(self, ordered: list[Step], max_parallel: int) -> RunReport:
+        report = RunReport()
+        pending = {step.identity: step for step in ordered}
+        outcomes: dict[str, Outcome] = {}
+        running: dict[Future[tuple[Outcome, str | None]], Step] = {}
+        with ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="keel-step") as pool:
+            while pending or running:
+                for step in list(pending.values()):
+                    upstream = [outcomes.get(dep.identity) for dep in step.dependencies]
+                    if Outcome.FAILED in upstream:
+                        failed_dep = next(
+                            dep
+                            for dep in step.dependencies
+                            if outcomes.get(dep.identity) is Outcome.FAILED
+                        )
+                        error = f"not run: upstream step {failed_dep.name} failed"
+                        logger.error("%s %s", step.name, error)
+                        report.add(step, Outcome.FAILED, self.store.output(step), error)
+                        outcomes[step.identity] = Outcome.FAILED
+                        del pending[step.identity]
+                    elif None not in upstream and len(running) < max_parallel:
+                        running[pool.submit(self.run_one, step)] = step
+                        del pending[step.identity]
+                if not running:
+                    continue
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    step = running.pop(future)
+                    outcome, error = future.result()
+                    outcomes[step.identity] = outcome
+                    report.add(step, outcome, self.store.output(step), error)
+        return report
+
+    def run_one(self, step: Step) -> tuple[Outcome, str | None]:
+        forced = self.forced is not None and self.forced.search(step.name) is not None
+        if not forced and self.store.is_committed(step):
+            logger.info("%s: cached at %s", step.name, self.store.output(step))
+            return Outcome.CACHED, None
+        lock = self.store.lock(step, self.lock_settings)
+        waiting_since = datetime.now().astimezone()
+        announced = False
+        while not lock.try_acquire():
+            if self._committed_for_us(step, forced):
+                logger.info("%s: committed by another runner", step.name)
+                return Outcome.CACHED, None
+            attempt = self.store.attempt_record(step.dir_name)
+            if attempt and attempt.status is Status.FAILED and attempt.ended_after(waiting_since):
+                return Outcome.FAILED, f"failed in another runner: {attempt.error}"
+            if not announced:
+                holder = lock.holder()
+                logger.info(
+                    "%s: waiting for the runner that holds it (%s)",
+                    step.name,
+                    f"{holder.host} pid {holder.pid}" if holder else "starting",
+                )
+                announced = True
+            time.sleep(self.lock_settings.poll_every)
+        try:
+            if self._committed_for_us(step, forced):
+                return Outcome.CACHED, None
+            return self._execute(step, lock)
+        finally:
+            lock.release()
+
+    def _committed_for_us(self, step: Step, forced: bool) -> bool:
+        """Committed, and (for a forced step) committed after this run began."""
+        if not forced:
+            return self.store.is_committed(step)
+        record = self.store.output_record(step.dir_name)
+        return record is not None and record.ended_after(self.started)
+
+    def _execute(self, step: Step, lock: StepLock) -> tuple[Outcome, str | None]:
+        attempt, staging = self.store.new_staging(step)
+        record = self._record(step, attempt)
+        self.store.write_attempt(step, record)
+        logger.info("%s: running -> %s", step.name, record.output)
+        began = time.monotonic()
+        try:
+            step.fn(resolve_config(step.config, self.store.prefix), staging)
+            lock.check_held()
+            done = record.finished(Status.SUCCESS)
+            self.store.commit(staging, done, step)
+        except Exception as error:  # the step's own failure, recorded in full and reported
+            message = f"{type(error).__name__}: {error}"
+            self.store.write_attempt(
+                step, record.finished(Status.FAILED, message, traceback.format_exc())
+            )
+            paths.remove_tree(staging)
+            logger.error(
+                "%s: FAILED after %.1f s: %s", step.name, time.monotonic() - began, message
+            )
+            return Outcome.FAILED, message
+        self.store.write_attempt(step, done)
+        logger.info("%s: done in %.1f s", step.name, time.monotonic() - began)
+        return Outcome.EXECUTED, None
+
+    def _record(self, step: Step, attempt: str) -> StepRecord:
+        return StepRecord(
+            name=step.name,
+            identity=step.identity,
+            status=Status.RUNNING,
+            output=self.store.output(step),
+            config=json.loads(step.canonical_config),
+            dependencies=[
+                {"name": dep.name, "identity": dep.identity, "output": self.store.output(dep)}
+                for dep in step.dependencies
+            ],
+            version=step.version,
+            attempt=attempt,
+            host=host_name(),
+            pid=os.getpid(),
+            keel_version=keel_version(),
+            git_commit=self.git_commit,
+            start_time=utc_now(),
+        )
