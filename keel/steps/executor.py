@@ -139,36 +139,36 @@ class _Runner:
         self.started = datetime.now().astimezone()
 
     def run_all(self, ordered: list[Step], max_parallel: int) -> RunReport:
-        report = RunReport()
+        """Run `ordered` (dependencies first); the report lists steps in that order."""
         pending = {step.identity: step for step in ordered}
-        outcomes: dict[str, Outcome] = {}
+        results: dict[str, tuple[Outcome, str | None]] = {}
         running: dict[Future[tuple[Outcome, str | None]], Step] = {}
         with ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="keel-step") as pool:
             while pending or running:
                 for step in list(pending.values()):
-                    upstream = [outcomes.get(dep.identity) for dep in step.dependencies]
-                    if Outcome.FAILED in upstream:
-                        failed_dep = next(
-                            dep
-                            for dep in step.dependencies
-                            if outcomes.get(dep.identity) is Outcome.FAILED
-                        )
-                        error = f"not run: upstream step {failed_dep.name} failed"
-                        logger.error("%s %s", step.name, error)
-                        report.add(step, Outcome.FAILED, self.store.output(step), error)
-                        outcomes[step.identity] = Outcome.FAILED
+                    failed_upstream = [
+                        dep.name
+                        for dep in step.dependencies
+                        if results.get(dep.identity, (None,))[0] is Outcome.FAILED
+                    ]
+                    if failed_upstream:
+                        error = f"not run: upstream step {failed_upstream[0]} failed"
+                        logger.error("%s: %s", step.name, error)
+                        results[step.identity] = (Outcome.FAILED, error)
                         del pending[step.identity]
-                    elif None not in upstream and len(running) < max_parallel:
+                    elif len(running) < max_parallel and all(
+                        dep.identity in results for dep in step.dependencies
+                    ):
                         running[pool.submit(self.run_one, step)] = step
                         del pending[step.identity]
-                if not running:
-                    continue
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    step = running.pop(future)
-                    outcome, error = future.result()
-                    outcomes[step.identity] = outcome
-                    report.add(step, outcome, self.store.output(step), error)
+                if running:
+                    finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        results[running.pop(future).identity] = future.result()
+        report = RunReport()
+        for step in ordered:
+            outcome, error = results[step.identity]
+            report.add(step, outcome, self.store.output(step), error)
         return report
 
     def run_one(self, step: Step) -> tuple[Outcome, str | None]:

@@ -1,0 +1,5 @@
+"""`python -m keel` is the `keel` command."""
+
+from keel.cli.main import main
+
+main()
