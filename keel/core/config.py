@@ -30,6 +30,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 
 import yaml
 
+from keel.core import paths
 from keel.core.errors import ConfigError
 
 T = TypeVar("T")
@@ -56,10 +57,10 @@ def to_dict(obj: Any) -> dict[str, Any]:
 
 def load_config(source: str | os.PathLike[str], cls: type[T], overrides: Sequence[str] = ()) -> T:
     """Read a .yaml/.yml/.json file into dataclass `cls`, then apply `--set` style overrides."""
-    path = pathlib.Path(source)
+    path = os.fspath(source)
     suffix = _check_suffix(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = paths.read_text(path)
     except FileNotFoundError as err:
         raise ConfigError(f"config file not found: {path}; check the path") from err
     if suffix == ".json":
@@ -87,15 +88,14 @@ def load_config(source: str | os.PathLike[str], cls: type[T], overrides: Sequenc
     return apply_overrides(obj, overrides)
 
 
-def dump_config(obj: Any, path: str | os.PathLike[str]) -> None:
+def dump_config(obj: Any, path: str) -> None:
     """Write `to_dict(obj)` to a .yaml/.yml/.json file, chosen by the file's extension."""
-    path = pathlib.Path(path)
     data = to_dict(obj)
     if _check_suffix(path) == ".json":
         text = json.dumps(data, indent=2) + "\n"
     else:
         text = yaml.safe_dump(data, sort_keys=False)
-    path.write_text(text, encoding="utf-8")
+    paths.write_text(path, text)
 
 
 def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
@@ -308,8 +308,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _check_suffix(path: pathlib.Path) -> str:
-    suffix = path.suffix.lower()
+def _check_suffix(path: str | os.PathLike[str]) -> str:
+    suffix = pathlib.PurePosixPath(os.fspath(path)).suffix.lower()
     if suffix not in _SUFFIXES:
         raise ConfigError(f"{path}: unsupported config format {suffix!r}; use .yaml, .yml or .json")
     return suffix
