@@ -100,6 +100,18 @@ def open_file(path: str | os.PathLike[str], mode: str = "rb") -> IO[Any]:
     return fsspec.open(os.fspath(path), mode, encoding=None if "b" in mode else "utf-8").open()
 
 
+def move_file(source: str, target: str) -> None:
+    """Move one file, between any two filesystems (a rename when both are local)."""
+    if is_local(source) and is_local(target):
+        local_path(target).parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(local_path(source), local_path(target))
+        return
+    with open_file(source, "rb") as reader, open_file(target, "wb") as writer:
+        shutil.copyfileobj(reader, writer, length=8 * 1024 * 1024)
+    fs, fs_path = filesystem(source)
+    fs.rm_file(fs_path)
+
+
 def make_dirs(path: str | os.PathLike[str]) -> None:
     if is_local(path):
         local_path(path).mkdir(parents=True, exist_ok=True)

@@ -1,3 +1,27 @@
-"""Layer 1: the dataflow engine (lazy datasets, fused stages, shuffles; local and Ray backends).
-Built by the flow issue.
+"""keel/flow: a lazy dataflow engine for data larger than memory, on local processes or Ray.
+
+See docs/flow.md. Entry points: read_jsonl, read_parquet, from_files, from_items -> Dataset.
 """
+
+from keel.flow.backends import TaskFailedError
+from keel.flow.backends.local import LocalBackend
+from keel.flow.dataset import Dataset, from_files, from_items, read_jsonl, read_parquet
+from keel.flow.readers import MalformedInputError, SkipLog
+from keel.flow.runner import FlowResult, RunOptions, StageCounters
+from keel.flow.tasks import Settings
+
+__all__ = [
+    "Dataset",
+    "FlowResult",
+    "LocalBackend",
+    "MalformedInputError",
+    "RunOptions",
+    "Settings",
+    "SkipLog",
+    "StageCounters",
+    "TaskFailedError",
+    "from_files",
+    "from_items",
+    "read_jsonl",
+    "read_parquet",
+]

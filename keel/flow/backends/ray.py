@@ -1,0 +1,76 @@
+"""The Ray backend: each task is a Ray task, on a local Ray instance or a cluster.
+
+`RayBackend()` starts a local Ray instance (or joins the one already initialised); with `address`
+it connects to a cluster (`"auto"`, or `"ray://host:10001"`). At most `workers` tasks are in flight
+at once, so the coordinator hands the next task to whichever slot frees first, as the local
+backend does. Ray's own retries are off (max_retries=0): keel retries, so both backends count and
+report retries the same way. On a multi-machine cluster, give the run a `work_dir` that every node
+can reach (a shared filesystem or an fsspec URL such as s3://), since shuffle files live there.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from keel.core.errors import UsageError
+from keel.flow.backends import Attempts, run_task_safely
+from keel.flow.tasks import Task, TaskResult
+
+logger = logging.getLogger(__name__)
+
+
+class RayBackend:
+    name = "ray"
+
+    def __init__(self, workers: int | None = None, address: str | None = None) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise UsageError("the ray backend needs Ray: pip install 'keel[ray]'") from None
+        self._ray = ray
+        self._owns = not ray.is_initialized()
+        if self._owns:
+            ray.init(
+                address=address,
+                num_cpus=workers if address is None else None,
+                include_dashboard=False,
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.workers = max(1, workers or cpus)
+        self._remote = ray.remote(num_cpus=1, max_retries=0)(run_task_safely)
+
+    def run(
+        self,
+        tasks: Sequence[Task],
+        *,
+        retries: int,
+        on_done: Callable[[Task, TaskResult, int], None],
+    ) -> list[TaskResult]:
+        ray = self._ray
+        attempts = Attempts(tasks, retries, on_done)
+        in_flight: dict[object, int] = {}
+        try:
+            while attempts.waiting or in_flight:
+                while attempts.waiting and len(in_flight) < self.workers:
+                    index, attempt = attempts.next()
+                    in_flight[self._remote.remote(tasks[index], attempt)] = index
+                done, _ = ray.wait(list(in_flight), num_returns=1)
+                for reference in done:
+                    index = in_flight.pop(reference)
+                    try:
+                        outcome = ray.get(reference)
+                    except ray.exceptions.RayError as error:  # the worker died or was lost
+                        outcome = ("error", f"{type(error).__name__}: {error}", True)
+                    attempts.finished(index, outcome)
+        except BaseException:
+            for reference in in_flight:
+                ray.cancel(reference, force=True)
+            raise
+        return attempts.ordered_results()
+
+    def close(self) -> None:
+        if self._owns and self._ray.is_initialized():
+            self._ray.shutdown()

@@ -1,0 +1,203 @@
+"""The Dataset API: a lazy pipeline over rows, run by keel/flow's planner and backends.
+
+    from keel.flow import read_jsonl
+
+    docs = read_jsonl("raw/*.jsonl.gz").filter(lambda d: len(d["text"]) > 100)
+    unique = docs.deduplicate("id", num_shards=8)
+    result = unique.write_parquet("clean/")          # FlowResult: files, counters, skipped
+    print(unique.explain())
+
+Nothing runs until an action: write_parquet, write_jsonl, take, count or to_table. Every action
+takes `options=RunOptions(...)` (backend, workers, retries, memory settings) or keyword overrides
+of it (`workers=4`, `backend="ray"`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from keel.core.errors import UsageError
+from keel.flow.ops import (
+    Deduplicate,
+    Filter,
+    FlatMap,
+    GroupBy,
+    Key,
+    Map,
+    MapBatches,
+    Reducer,
+    Repartition,
+    Row,
+    Select,
+    Sort,
+)
+from keel.flow.plan import Op, build_plan, explain
+from keel.flow.runner import FlowResult, RunOptions, execute
+from keel.flow.sources import Source, file_source, items_source
+from keel.flow.tasks import CollectOutput, CountOutput, FileOutput, Output, Settings
+
+MiB = 1024 * 1024
+DEFAULT_TARGET_FILE_BYTES = 256 * MiB
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """A source and the operations applied to it, in order. Immutable: each method returns a new
+    Dataset."""
+
+    source: Source
+    ops: tuple[Op, ...] = ()
+
+    # -- narrow operations: fused into one stage ------------------------------------------------
+    def map(self, fn: Callable[[Row], Row]) -> Dataset:
+        """One row in, one row (a dict) out."""
+        return self._then(Map(fn))
+
+    def flat_map(self, fn: Callable[[Row], Iterable[Row]]) -> Dataset:
+        """One row in, any number of rows out."""
+        return self._then(FlatMap(fn))
+
+    def filter(self, predicate: Callable[[Row], bool] | pc.Expression) -> Dataset:
+        """Keep rows where `predicate(row)` is true; an Arrow expression
+        (`pc.field("lang") == "en"`) runs vectorised, and on Parquet input is pushed down."""
+        return self._then(Filter(predicate))
+
+    def map_batches(self, fn: Callable[[pa.RecordBatch], pa.RecordBatch | pa.Table]) -> Dataset:
+        """A pyarrow RecordBatch (one chunk) in, a RecordBatch or Table out."""
+        return self._then(MapBatches(fn))
+
+    def select(self, *columns: str) -> Dataset:
+        """Keep only these columns, in this order."""
+        return self._then(Select(tuple(columns)))
+
+    # -- wide operations: each ends a stage with a shuffle --------------------------------------
+    def group_by(
+        self,
+        key: Key,
+        reducer: Reducer,
+        num_shards: int | None = None,
+        combiner: Reducer | None = None,
+    ) -> Dataset:
+        """`reducer(key, rows)` once per key, with that key's rows in input order; it returns a row,
+        rows, or None. `combiner` (same signature) pre-aggregates each chunk on the map side; its
+        rows must keep the key. The output has `num_shards` shards (default: the input's)."""
+        return self._then(GroupBy(key, reducer, self._shards(num_shards), combiner))
+
+    def deduplicate(self, key: Key, num_shards: int | None = None) -> Dataset:
+        """One row per key: the first in input order (source shard, then row)."""
+        return self._then(Deduplicate(key, self._shards(num_shards)))
+
+    def repartition(self, num_shards: int) -> Dataset:
+        """Spread rows evenly over `num_shards` shards."""
+        return self._then(Repartition(self._shards(num_shards)))
+
+    def sort(self, *columns: str, descending: bool = False) -> Dataset:
+        """Order the rows within each shard by `columns` (each shard must fit in memory)."""
+        if not columns:
+            raise UsageError("sort needs at least one column")
+        return self._then(Sort(tuple(columns), descending))
+
+    # -- actions ----------------------------------------------------------------------------
+    def write_parquet(
+        self,
+        directory: str | os.PathLike[str],
+        target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+        options: RunOptions | None = None,
+        **overrides: Any,
+    ) -> FlowResult:
+        """Write zstd Parquet files `part-NNNNN-of-NNNNN.parquet` to `directory`, atomically."""
+        output = FileOutput("parquet", target_file_bytes, os.fspath(directory))
+        return self.run(output, options, **overrides)
+
+    def write_jsonl(
+        self,
+        directory: str | os.PathLike[str],
+        target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
+        options: RunOptions | None = None,
+        **overrides: Any,
+    ) -> FlowResult:
+        """Write JSON Lines files `part-NNNNN-of-NNNNN.jsonl` to `directory`, atomically."""
+        output = FileOutput("jsonl", target_file_bytes, os.fspath(directory))
+        return self.run(output, options, **overrides)
+
+    def take(self, n: int, options: RunOptions | None = None, **overrides: Any) -> list[Row]:
+        """The first `n` rows (in output order)."""
+        table = self.to_table(options, limit=n, **overrides)
+        return table.to_pylist()
+
+    def count(self, options: RunOptions | None = None, **overrides: Any) -> int:
+        return self.run(CountOutput(), options, **overrides).rows
+
+    def to_table(
+        self, options: RunOptions | None = None, limit: int | None = None, **overrides: Any
+    ) -> pa.Table:
+        """All rows (or the first `limit`) as one Arrow table: for results that fit in memory."""
+        table = self.run(CollectOutput(limit), options, **overrides).table
+        return table if table is not None else pa.table({})
+
+    def run(
+        self, output: Output, options: RunOptions | None = None, **overrides: Any
+    ) -> FlowResult:
+        """Run the pipeline into `output` (the building block of the actions above)."""
+        return execute(self.source, build_plan(self.ops), output, _options(options, overrides))
+
+    def explain(self) -> str:
+        """The plan: stages, fused operations, shuffles."""
+        return explain(self.source, build_plan(self.ops))
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _then(self, op: Op) -> Dataset:
+        return dataclasses.replace(self, ops=(*self.ops, op))
+
+    def _shards(self, num_shards: int | None) -> int:
+        shards = self.source.num_shards if num_shards is None else num_shards
+        if shards < 1:
+            raise UsageError(f"num_shards must be at least 1, got {shards}")
+        return shards
+
+
+def _options(options: RunOptions | None, overrides: dict[str, Any]) -> RunOptions:
+    base = options or RunOptions()
+    settings_fields = {f.name for f in dataclasses.fields(Settings)}
+    settings = {k: v for k, v in overrides.items() if k in settings_fields}
+    rest = {k: v for k, v in overrides.items() if k not in settings_fields}
+    unknown = set(rest) - {f.name for f in dataclasses.fields(RunOptions)}
+    if unknown:
+        raise UsageError(f"unknown run option(s): {', '.join(sorted(unknown))}")
+    if settings:
+        rest["settings"] = dataclasses.replace(base.settings, **settings)
+    return dataclasses.replace(base, **rest)
+
+
+def from_items(items: Sequence[Row], num_shards: int = 1) -> Dataset:
+    """A dataset of in-memory rows (dicts), cut into `num_shards` contiguous shards."""
+    return Dataset(items_source(items, num_shards))
+
+
+def from_files(
+    pattern: str | Sequence[str], format: str | None = None, lenient: bool = False
+) -> Dataset:
+    """Files by glob (any fsspec URL), one shard per file; format from the suffix unless given."""
+    return Dataset(file_source(pattern, format, lenient=lenient))
+
+
+def read_jsonl(pattern: str | Sequence[str], lenient: bool = False) -> Dataset:
+    """JSON Lines files (plain, .gz, .zst). `lenient`: skip and count malformed records."""
+    return Dataset(file_source(pattern, "jsonl", lenient=lenient))
+
+
+def read_parquet(
+    pattern: str | Sequence[str],
+    columns: Sequence[str] | None = None,
+    filter: pc.Expression | None = None,
+    lenient: bool = False,
+) -> Dataset:
+    """Parquet files; `columns` and `filter` are pushed down into the reader (row groups whose
+    statistics exclude the filter are not read)."""
+    return Dataset(file_source(pattern, "parquet", columns=columns, filter=filter, lenient=lenient))

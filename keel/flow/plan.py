@@ -1,0 +1,140 @@
+"""The planner: a pipeline (source + operations) -> stages.
+
+Consecutive narrow operations fuse into one stage, which runs them chunk by chunk without writing
+anything in between. Each wide operation (group_by, deduplicate, repartition) ends a stage with a
+shuffle, and the next stage starts by reducing that shuffle. A sort orders each shard at the end of
+its stage; narrow operations after it still run in that stage, on the sorted rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from keel.core.errors import UsageError
+from keel.flow.ops import (
+    Deduplicate,
+    Filter,
+    FlatMap,
+    GroupBy,
+    Map,
+    MapBatches,
+    NarrowOp,
+    Repartition,
+    Select,
+    Sort,
+    WideOp,
+)
+from keel.flow.sources import FileSource, Source
+
+Op = NarrowOp | WideOp | Sort
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage: where its rows come from, what it does to them, where they go.
+
+    `reduce` is None for the first stage (it reads the source) and otherwise the wide operation
+    whose shuffle this stage reduces; `shuffle` is the wide operation this stage's output feeds,
+    or None for the last stage."""
+
+    index: int
+    reduce: WideOp | None
+    ops: tuple[NarrowOp, ...]
+    sort: Sort | None
+    after_sort: tuple[NarrowOp, ...]
+    shuffle: WideOp | None
+
+    @property
+    def name(self) -> str:
+        parts = [_name(self.reduce)] if self.reduce else ["read"]
+        parts += [_name(op) for op in self.ops]
+        if self.sort:
+            parts.append(_name(self.sort))
+        parts += [_name(op) for op in self.after_sort]
+        return " -> ".join(parts)
+
+
+def build_plan(ops: Sequence[Op]) -> list[StagePlan]:
+    stages: list[StagePlan] = []
+    reduce: WideOp | None = None
+    narrow: list[NarrowOp] = []
+    after: list[NarrowOp] = []
+    sort: Sort | None = None
+    for op in ops:
+        if isinstance(op, (GroupBy, Deduplicate, Repartition)):
+            stages.append(StagePlan(len(stages), reduce, tuple(narrow), sort, tuple(after), op))
+            reduce, narrow, after, sort = op, [], [], None
+        elif isinstance(op, Sort):
+            if sort is not None:
+                raise UsageError("one sort per stage: a second sort needs a repartition between")
+            sort = op
+        elif sort is not None:
+            after.append(op)
+        else:
+            narrow.append(op)
+    stages.append(StagePlan(len(stages), reduce, tuple(narrow), sort, tuple(after), None))
+    return stages
+
+
+def explain(source: Source, stages: Sequence[StagePlan]) -> str:
+    """A readable plan: one block per stage, with its tasks and where its output goes."""
+    if isinstance(source, FileSource):
+        origin = f"{source.format} files ({source.num_shards})"
+        if source.columns:
+            origin += f", columns {list(source.columns)}"
+        if source.filter is not None:
+            origin += f", filter {source.filter}"
+    else:
+        origin = f"items ({source.num_shards} shards)"
+    lines = []
+    for stage in stages:
+        tasks = source.num_shards if stage.reduce is None else _shards(stage.reduce)
+        lines.append(f"stage {stage.index}: {tasks} tasks")
+        reads = origin if stage.reduce is None else f"shuffle of stage {stage.index - 1}"
+        lines.append(f"  input: {reads}")
+        if stage.ops or stage.sort:
+            lines.append(
+                f"  fused: {' -> '.join(_name(op) for op in stage.ops) or '-'}"
+                + (f" | {_name(stage.sort)} per shard" if stage.sort else "")
+            )
+        if stage.after_sort:
+            lines.append(f"  after sort: {' -> '.join(_name(op) for op in stage.after_sort)}")
+        out = f"shuffle by {_name(stage.shuffle)}" if stage.shuffle else "output"
+        lines.append(f"  output: {out}")
+    return "\n".join(lines)
+
+
+_FUNCTION_OPS = {Map: "map", FlatMap: "flat_map", MapBatches: "map_batches"}
+
+
+def _shards(op: WideOp) -> int:
+    return op.num_shards
+
+
+def _name(op: object) -> str:
+    if isinstance(op, (Map, FlatMap, MapBatches)):
+        return f"{_FUNCTION_OPS[type(op)]}({_fn(op.fn)})"
+    if isinstance(op, Filter):
+        return f"filter({_fn(op.predicate)})"
+    if isinstance(op, Select):
+        return f"select({', '.join(op.columns)})"
+    if isinstance(op, GroupBy):
+        return (
+            f"group_by({_key(op.key)}, {op.num_shards} shards{', combiner' if op.combiner else ''})"
+        )
+    if isinstance(op, Deduplicate):
+        return f"deduplicate({_key(op.key)}, {op.num_shards} shards)"
+    if isinstance(op, Repartition):
+        return f"repartition({op.num_shards})"
+    if isinstance(op, Sort):
+        return f"sort({', '.join(op.columns)}{', descending' if op.descending else ''})"
+    return type(op).__name__
+
+
+def _fn(fn: object) -> str:
+    return getattr(fn, "__qualname__", None) or str(fn)
+
+
+def _key(key: object) -> str:
+    return repr(key) if isinstance(key, str) else _fn(key)

@@ -1,0 +1,243 @@
+"""The coordinator: runs a plan's stages one after another on a backend and gathers counters.
+
+Stage k's tasks are its source shards (first stage) or the partitions of stage k-1's shuffle. A
+stage starts when the previous one has finished, and its tasks go to whichever worker is free.
+File outputs are renamed, in task order, to `part-00000-of-00008.parquet` style names in a staging
+directory that is then committed atomically (core.commit), with a `_SUCCESS` marker.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from keel.core import paths
+from keel.core.commit import commit_directory
+from keel.flow.backends import Backend, make_backend
+from keel.flow.ops import Deduplicate, GroupBy, Repartition
+from keel.flow.plan import StagePlan
+from keel.flow.readers import SkipLog
+from keel.flow.shuffle import Segment, read_segments
+from keel.flow.sources import Source
+from keel.flow.tasks import (
+    CollectOutput,
+    FileOutput,
+    Output,
+    Settings,
+    ShuffleInput,
+    ShuffleOutput,
+    SourceInput,
+    Task,
+    TaskResult,
+)
+
+logger = logging.getLogger(__name__)
+
+SUCCESS_MARKER = "_SUCCESS"
+
+
+@dataclass
+class StageCounters:
+    """What one stage did: tasks, rows in and out, bytes spilled to its shuffle, retries."""
+
+    stage: int
+    name: str
+    tasks: int
+    rows_in: int = 0
+    rows_out: int = 0
+    bytes_spilled: int = 0
+    retries: int = 0
+
+
+@dataclass
+class FlowResult:
+    """The outcome of a run: output files (in order), per-stage counters, skipped records."""
+
+    files: list[str] = field(default_factory=list)
+    stages: list[StageCounters] = field(default_factory=list)
+    skipped: SkipLog = field(default_factory=lambda: SkipLog({}, []))
+    rows: int = 0
+    table: pa.Table | None = None
+
+    @property
+    def retries(self) -> int:
+        return sum(stage.retries for stage in self.stages)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run: backend and its workers, retries per task, memory settings, progress bar."""
+
+    backend: str | Backend = "local"
+    workers: int | None = None
+    retries: int = 2
+    settings: Settings = field(default_factory=Settings)
+    progress: bool | None = None
+    """None: show a progress bar when stderr is a terminal."""
+    work_dir: str | None = None
+    """Where shuffle files go (default: a temporary directory, removed after the run)."""
+    ray_address: str | None = None
+
+
+def execute(
+    source: Source, stages: Sequence[StagePlan], output: Output, options: RunOptions
+) -> FlowResult:
+    owned = isinstance(options.backend, str)
+    backend = (
+        make_backend(options.backend, options.workers, options.ray_address)
+        if isinstance(options.backend, str)
+        else options.backend
+    )
+    work_dir = options.work_dir or tempfile.mkdtemp(prefix="keel-flow-")
+    run_dir = paths.join(work_dir, f"run-{uuid.uuid4().hex[:12]}")
+    result = FlowResult()
+    try:
+        with _progress(options.progress) as progress:
+            inputs: list[SourceInput | ShuffleInput] = [
+                SourceInput(source, shard) for shard in range(source.num_shards)
+            ]
+            for stage in stages:
+                stage_output = output if stage.shuffle is None else _shuffle_output(stage.shuffle)
+                tasks = [
+                    Task(
+                        stage.index,
+                        index,
+                        stage.name,
+                        task_input,
+                        stage.ops,
+                        stage.sort,
+                        stage.after_sort,
+                        stage_output,
+                        options.settings,
+                        run_dir,
+                    )
+                    for index, task_input in enumerate(inputs)
+                ]
+                counters, results = _run_stage(backend, stage, tasks, options.retries, progress)
+                result.stages.append(counters)
+                for task_result in results:
+                    result.skipped.merge(task_result.skipped)
+                if stage.shuffle is not None:
+                    inputs = _partitions(results, stage.shuffle)
+                else:
+                    result.rows = counters.rows_out
+                    _finish(output, results, result)
+    finally:
+        if owned:
+            backend.close()
+        if options.work_dir is None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+        else:
+            paths.remove_tree(run_dir)
+    return result
+
+
+def commit_files(result: FlowResult, directory: str) -> None:
+    """Publish the run's files in `directory` as part-NNNNN-of-NNNNN.ext, atomically."""
+    staging = f"{paths.normalize(directory)}.staging-{uuid.uuid4().hex[:12]}"
+    paths.make_dirs(staging)
+    count = len(result.files)
+    final: list[str] = []
+    for number, source in enumerate(result.files):
+        extension = source.rsplit(".", 1)[-1]
+        name = f"part-{number:05d}-of-{count:05d}.{extension}"
+        paths.move_file(source, paths.join(staging, name))
+        final.append(paths.join(paths.normalize(directory), name))
+    paths.write_text(paths.join(staging, SUCCESS_MARKER), "")
+    commit_directory(staging, paths.normalize(directory), marker=SUCCESS_MARKER)
+    result.files = final
+
+
+def _shuffle_output(op: GroupBy | Deduplicate | Repartition) -> ShuffleOutput:
+    if isinstance(op, Repartition):
+        return ShuffleOutput(None, op.num_shards)
+    combiner = op.combiner if isinstance(op, GroupBy) else None
+    return ShuffleOutput(op.key, op.num_shards, combiner)
+
+
+def _partitions(results: list[TaskResult], op: GroupBy | Deduplicate | Repartition) -> list:
+    return [
+        ShuffleInput(
+            tuple(segment for r in results for segment in r.partitions.get(partition, [])),
+            op,
+            partition,
+        )
+        for partition in range(op.num_shards)
+    ]
+
+
+def _run_stage(backend, stage, tasks, retries, progress):
+    counters = StageCounters(stage.index, stage.name, len(tasks))
+    bar = (
+        progress.add_task(f"stage {stage.index}: {stage.name}", total=len(tasks))
+        if progress
+        else None
+    )
+
+    def done(task: Task, task_result: TaskResult, attempts: int) -> None:
+        counters.rows_in += task_result.rows_in
+        counters.rows_out += task_result.rows_out
+        counters.bytes_spilled += task_result.bytes_spilled
+        counters.retries += attempts - 1
+        if progress is not None:
+            progress.update(
+                bar,
+                advance=1,
+                description=f"stage {stage.index}: {stage.name} ({counters.rows_out:,} rows out)",
+            )
+
+    results = backend.run(tasks, retries=retries, on_done=done) if tasks else []
+    logger.info(
+        "stage %d (%s): %d tasks, %d rows in, %d out, %d bytes spilled, %d retries",
+        stage.index,
+        stage.name,
+        len(tasks),
+        counters.rows_in,
+        counters.rows_out,
+        counters.bytes_spilled,
+        counters.retries,
+    )
+    return counters, results
+
+
+def _finish(output: Output, results: list[TaskResult], result: FlowResult) -> None:
+    if isinstance(output, FileOutput):
+        result.files = [path for task_result in results for path in task_result.files]
+        commit_files(result, output.destination)
+    elif isinstance(output, CollectOutput):
+        segments = [Segment(path, 0, 0) for task_result in results for path in task_result.files]
+        batches = list(read_segments(segments))
+        tables = [pa.Table.from_batches([b]) for b in batches]
+        table = pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})
+        result.table = table.slice(0, output.limit) if output.limit is not None else table
+
+
+class _NoProgress:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _progress(enabled: bool | None):
+    show = sys.stderr.isatty() if enabled is None else enabled
+    if not show:
+        return _NoProgress()
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    )

@@ -1,0 +1,180 @@
+"""Shuffles: rows hash-routed to partitions on the map side, pulled and merged on the reduce side.
+
+Map side (`PartitionWriter`): each chunk gets its stable input order and its key hash as hidden
+columns, is split by partition (hash % partitions; round robin by order for repartition), and is
+appended to one zstd-compressed Arrow IPC stream per partition in the task's attempt directory.
+A chunk whose schema differs from the open stream's starts a new segment file, so a partition may
+have several; the reducer unifies them.
+
+Reduce side (`read_partition`, `partition_tables`): the reducer pulls its partition's segments in
+map-task order. A partition larger than the memory budget is split first into sub-buckets by
+ranges of the key hash (streamed to disk, one chunk in memory at a time), then each sub-bucket is
+reduced in memory. Because sub-buckets are hash ranges and every reduction orders rows by
+(hash, key, input order), the output is the same whatever the budget, worker count or backend.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import IO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from keel.core import paths
+from keel.flow.keys import HASH_COLUMN, ORDER_COLUMN, hash_values, key_column, order_values
+from keel.flow.ops import Key
+
+IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One spill file: its path, rows, and uncompressed bytes (Arrow buffers)."""
+
+    path: str
+    rows: int
+    bytes: int
+
+
+class SpillStreams:
+    """One zstd Arrow IPC stream per bucket under `directory`; a batch with another schema than its
+    bucket's open stream starts a new segment file."""
+
+    def __init__(self, directory: str, prefix: str) -> None:
+        self.directory = directory
+        self.prefix = prefix
+        self.segments: dict[int, list[Segment]] = {}
+        self._open: dict[int, tuple[IO[bytes], pa.ipc.RecordBatchStreamWriter, Segment]] = {}
+
+    def append(self, bucket: int, batch: pa.RecordBatch) -> None:
+        current = self._open.get(bucket)
+        if current is not None and current[1].schema != batch.schema:
+            self._finish(bucket)
+            current = None
+        if current is None:
+            number = len(self.segments.get(bucket, []))
+            path = paths.join(self.directory, f"{self.prefix}{bucket:05d}-s{number:03d}.arrow")
+            handle = paths.open_file(path, "wb")
+            writer = pa.ipc.new_stream(handle, batch.schema, options=IPC_OPTIONS)
+            current = (handle, writer, Segment(path, 0, 0))
+        handle, writer, segment = current
+        writer.write_batch(batch)
+        grown = Segment(segment.path, segment.rows + batch.num_rows, segment.bytes + batch.nbytes)
+        self._open[bucket] = (handle, writer, grown)
+
+    def close(self) -> dict[int, list[Segment]]:
+        """Finish every open stream; all segments written, by bucket."""
+        for bucket in list(self._open):
+            self._finish(bucket)
+        return self.segments
+
+    def _finish(self, bucket: int) -> None:
+        handle, writer, segment = self._open.pop(bucket)
+        writer.close()
+        handle.close()
+        self.segments.setdefault(bucket, []).append(segment)
+
+
+class PartitionWriter:
+    """Routes the chunks of map task `task_index` to `num_partitions` spill streams."""
+
+    def __init__(self, directory: str, num_partitions: int, key: Key | None, task_index: int):
+        self.num_partitions = num_partitions
+        self.key = key
+        self.task_index = task_index
+        self.rows_written = 0
+        self.streams = SpillStreams(directory, "p")
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        order = order_values(self.task_index, self.rows_written, batch.num_rows)
+        self.rows_written += batch.num_rows
+        if self.key is None:  # repartition: spread rows evenly, deterministically
+            partition = (order * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
+        else:
+            batch, name = key_column(batch, self.key)
+            partition = hash_values(batch.column(name).to_pylist())
+            batch = batch.append_column(HASH_COLUMN, pa.array(partition))
+        batch = batch.append_column(ORDER_COLUMN, pa.array(order))
+        _split(batch, partition % np.uint64(self.num_partitions), self.num_partitions, self.streams)
+
+    def close(self) -> dict[int, list[Segment]]:
+        return self.streams.close()
+
+
+def _split(batch: pa.RecordBatch, bucket: np.ndarray, buckets: int, streams: SpillStreams) -> None:
+    """Append the rows of each bucket (in their order) to that bucket's stream."""
+    by_bucket = np.argsort(bucket, kind="stable")
+    bounds = np.searchsorted(bucket[by_bucket], np.arange(buckets + 1))
+    ordered = batch.take(pa.array(by_bucket))
+    for index in np.flatnonzero(np.diff(bounds)):
+        start, end = int(bounds[index]), int(bounds[index + 1])
+        streams.append(int(index), ordered.slice(start, end - start))
+
+
+def file_size(path: str) -> int:
+    fs, fs_path = paths.filesystem(path)
+    return int(fs.size(fs_path))
+
+
+def read_segments(segments: Sequence[Segment]) -> Iterator[pa.RecordBatch]:
+    """The batches of `segments`, in order, one at a time."""
+    for segment in segments:
+        with paths.open_file(segment.path, "rb") as handle:
+            yield from pa.ipc.open_stream(handle)
+
+
+def partition_tables(
+    segments: Sequence[Segment], budget_bytes: int, spill_directory: str
+) -> Iterator[pa.Table]:
+    """The partition as tables that each fit `budget_bytes`: the whole partition when it fits,
+    else one table per hash-range sub-bucket, streamed to `spill_directory` first."""
+    total = sum(segment.bytes for segment in segments)
+    if total <= budget_bytes:
+        yield _concat(list(read_segments(segments)))
+        return
+    buckets = math.ceil(2 * total / budget_bytes)
+    streams = SpillStreams(spill_directory, "b")
+    for batch in read_segments(segments):
+        _split(batch, _hash_range(batch.column(HASH_COLUMN), buckets), buckets, streams)
+    spilled = streams.close()
+    for bucket in sorted(spilled):
+        yield _concat(list(read_segments(spilled[bucket])))
+
+
+def _hash_range(hashes: pa.Array, buckets: int) -> np.ndarray:
+    """Bucket of each hash when the 64-bit hash space is cut into `buckets` equal ranges."""
+    high = hashes.to_numpy(zero_copy_only=False) >> np.uint64(32)
+    return (high * np.uint64(buckets)) >> np.uint64(32)
+
+
+def _concat(batches: list[pa.RecordBatch]) -> pa.Table:
+    if not batches:
+        return pa.table({})
+    tables = [pa.Table.from_batches([batch]) for batch in batches]
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def sort_for_reduce(table: pa.Table, key_name: str) -> pa.Table:
+    """Rows ordered by (hash, key, input order): equal keys adjacent, first occurrence first."""
+    keys = [(HASH_COLUMN, "ascending"), (key_name, "ascending"), (ORDER_COLUMN, "ascending")]
+    return table.take(pc.sort_indices(table, sort_keys=keys))
+
+
+def run_starts(table: pa.Table, key_name: str) -> np.ndarray:
+    """Indices where a new (hash, key) run begins in a table sorted by `sort_for_reduce`; [runs]."""
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    hashes = table.column(HASH_COLUMN).to_numpy()
+    changed = hashes[1:] != hashes[:-1]
+    same_hash = np.flatnonzero(~changed)
+    if len(same_hash):  # equal hashes: compare the keys themselves, for collisions
+        keys = table.column(key_name)
+        left, right = keys.take(pa.array(same_hash)), keys.take(pa.array(same_hash + 1))
+        differ = pc.fill_null(pc.not_equal(left, right), True)
+        both_null = pc.and_(pc.is_null(left), pc.is_null(right))
+        changed[same_hash] = pc.and_not(differ, both_null).to_numpy(zero_copy_only=False)
+    return np.concatenate([[0], np.flatnonzero(changed) + 1])

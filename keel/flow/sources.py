@@ -1,0 +1,150 @@
+"""Where a pipeline's rows come from: files (one shard per file) or an in-memory list."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from keel.core import paths
+from keel.core.errors import UsageError
+from keel.flow.ops import Row
+from keel.flow.readers import MalformedInputError, SkipLog, parquet_schema, read_jsonl, read_parquet
+
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """One shard per file, read in chunks by the reader for `format` ("jsonl" or "parquet")."""
+
+    files: tuple[str, ...]
+    format: str
+    columns: tuple[str, ...] | None = None
+    filter: pc.Expression | None = None
+    lenient: bool = False
+    schema: pa.Schema | None = None
+    """Parquet: the schema every file must have (that of the first file unless given)."""
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.files)
+
+    def describe(self, shard: int) -> str:
+        return self.files[shard]
+
+    def read(self, shard: int, chunk_rows: int, skipped: SkipLog) -> Iterator[pa.RecordBatch]:
+        path = self.files[shard]
+        if self.format == "jsonl":
+            batches = read_jsonl(path, chunk_rows=chunk_rows, lenient=self.lenient, skipped=skipped)
+            if self.columns is None and self.filter is None:
+                yield from batches
+                return
+            for batch in batches:
+                batch = batch.filter(self.filter) if self.filter is not None else batch
+                yield batch.select(list(self.columns)) if self.columns else batch
+            return
+        yield from read_parquet(
+            path,
+            columns=self.columns,
+            filter=self.filter,
+            chunk_rows=chunk_rows,
+            expected_schema=self.schema,
+            lenient=self.lenient,
+            skipped=skipped,
+        )
+
+
+@dataclass(frozen=True)
+class ItemsSource:
+    """An in-memory list of rows, cut into `num_shards` contiguous shards."""
+
+    shards: tuple[tuple[Row, ...], ...]
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    def describe(self, shard: int) -> str:
+        return f"items shard {shard} of {len(self.shards)}"
+
+    def read(self, shard: int, chunk_rows: int, skipped: SkipLog) -> Iterator[pa.RecordBatch]:
+        rows = iter(self.shards[shard])
+        while chunk := list(itertools.islice(rows, chunk_rows)):
+            yield pa.RecordBatch.from_pylist(chunk)
+
+
+Source = FileSource | ItemsSource
+
+
+def items_source(items: Sequence[Row], num_shards: int) -> ItemsSource:
+    if num_shards < 1:
+        raise UsageError(f"from_items: num_shards must be at least 1, got {num_shards}")
+    rows = list(items)
+    bad = next((row for row in rows if not isinstance(row, dict)), None)
+    if bad is not None:
+        raise UsageError(f"from_items expects dicts (rows), got a {type(bad).__name__}")
+    size = -(-len(rows) // num_shards) if rows else 0
+    shards = tuple(tuple(rows[i * size : (i + 1) * size]) for i in range(num_shards))
+    return ItemsSource(shards)
+
+
+def file_source(
+    pattern: str | Sequence[str],
+    format: str | None = None,
+    *,
+    columns: Sequence[str] | None = None,
+    filter: pc.Expression | None = None,
+    lenient: bool = False,
+) -> FileSource:
+    """Expand a glob (or several) into a sorted file list and pick the reader by suffix."""
+    files = expand(pattern)
+    chosen = format or _format_of(files[0])
+    if chosen not in ("jsonl", "parquet"):
+        raise UsageError(f"unknown format {chosen!r}: use 'jsonl' or 'parquet'")
+    schema = None
+    if chosen == "parquet":
+        schema = _first_readable_schema(files, columns, lenient)
+    return FileSource(files, chosen, tuple(columns) if columns else None, filter, lenient, schema)
+
+
+def expand(pattern: str | Sequence[str]) -> tuple[str, ...]:
+    """Files matching a glob (any fsspec URL) or list of globs, sorted, each once."""
+    patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+    found: list[str] = []
+    for item in patterns:
+        fs, fs_path = paths.filesystem(item)
+        matches = sorted(fs.glob(fs_path)) if any(c in fs_path for c in "*?[") else [fs_path]
+        matches = [m for m in matches if fs.isfile(m)]
+        if not matches:
+            raise UsageError(f"no input files match {item}")
+        protocol = item.split("://", 1)[0] + "://" if "://" in item else ""
+        found.extend(f"{protocol}{m}" if protocol and "://" not in m else m for m in matches)
+    return tuple(dict.fromkeys(found))
+
+
+def _format_of(path: str) -> str:
+    name = path.lower()
+    for suffix in COMPRESSED_SUFFIXES:
+        name = name.removesuffix(suffix)
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    raise UsageError(f"cannot tell the format of {path}: pass format='jsonl' or 'parquet'")
+
+
+def _first_readable_schema(
+    files: Sequence[str], columns: Sequence[str] | None, lenient: bool
+) -> pa.Schema | None:
+    for path in files:
+        try:
+            return parquet_schema(path, columns)
+        except MalformedInputError:
+            if not lenient:
+                raise  # lenient: the task reading this file skips and counts it
+    return None

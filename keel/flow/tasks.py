@@ -1,0 +1,324 @@
+"""A task: one shard of one stage. It reads its input, runs the stage's fused operations one chunk
+at a time, and writes its output; a backend runs it in a worker process and may run it again.
+
+Each attempt writes under its own directory, `{work}/stage-NNN/task-NNNNN-aN/`, so a killed or
+failed attempt cannot corrupt the output of the attempt that succeeds; the coordinator uses only
+the files named in the successful attempt's result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from keel.core import paths
+from keel.flow.keys import HIDDEN_COLUMNS
+from keel.flow.ops import (
+    Deduplicate,
+    GroupBy,
+    Key,
+    NarrowOp,
+    Reducer,
+    Repartition,
+    Row,
+    Sort,
+    StageError,
+    rows_to_batch,
+    run_narrow,
+)
+from keel.flow.readers import SkipLog
+from keel.flow.shuffle import (
+    PartitionWriter,
+    Segment,
+    SpillStreams,
+    file_size,
+    partition_tables,
+    read_segments,
+    run_starts,
+    sort_for_reduce,
+)
+from keel.flow.sinks import FileSink
+from keel.flow.sources import Source
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How tasks use memory: chunks of at most `chunk_rows` rows and `chunk_bytes` bytes, and a
+    reducer budget `memory_budget` (bytes of Arrow data held at once before sub-bucketing)."""
+
+    chunk_rows: int = 65_536
+    chunk_bytes: int = 64 * MiB
+    memory_budget: int = 512 * MiB
+
+
+@dataclass(frozen=True)
+class SourceInput:
+    source: Source
+    shard: int
+
+
+@dataclass(frozen=True)
+class ShuffleInput:
+    """Partition `partition` of the previous stage: its segments in map-task order."""
+
+    segments: tuple[Segment, ...]
+    reduce: GroupBy | Deduplicate | Repartition
+    partition: int
+
+
+@dataclass(frozen=True)
+class ShuffleOutput:
+    key: Key | None
+    num_partitions: int
+    combiner: Reducer | None = None
+
+
+@dataclass(frozen=True)
+class FileOutput:
+    """Files of `format` ("parquet" or "jsonl") of about `target_bytes` each, committed to
+    `destination` when the run ends."""
+
+    format: str
+    target_bytes: int
+    destination: str
+
+
+@dataclass(frozen=True)
+class CollectOutput:
+    """Rows kept in one Arrow file per task, read back by the coordinator (take, to_table)."""
+
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class CountOutput:
+    pass
+
+
+Output = ShuffleOutput | FileOutput | CollectOutput | CountOutput
+
+
+@dataclass
+class TaskResult:
+    """What an attempt produced: spill segments by partition, or output files; and counters."""
+
+    partitions: dict[int, list[Segment]] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    rows_in: int = 0
+    rows_out: int = 0
+    bytes_spilled: int = 0
+    skipped: SkipLog = field(default_factory=lambda: SkipLog({}, []))
+
+
+@dataclass(frozen=True)
+class Task:
+    stage: int
+    index: int
+    stage_name: str
+    input: SourceInput | ShuffleInput
+    ops: tuple[NarrowOp, ...]
+    sort: Sort | None
+    after_sort: tuple[NarrowOp, ...]
+    output: Output
+    settings: Settings
+    work_dir: str
+
+    def describe(self) -> str:
+        """Names the task in errors: its stage, shard and input."""
+        if isinstance(self.input, SourceInput):
+            where = self.input.source.describe(self.input.shard)
+        else:
+            where = f"shuffle partition {self.input.partition}"
+        return f"stage {self.stage} ({self.stage_name}) task {self.index} ({where})"
+
+    def attempt_dir(self, attempt: int) -> str:
+        return paths.join(
+            self.work_dir, f"stage-{self.stage:03d}", f"task-{self.index:05d}-a{attempt}"
+        )
+
+    def run(self, attempt: int) -> TaskResult:
+        directory = self.attempt_dir(attempt)
+        paths.make_dirs(directory)
+        result = TaskResult()
+        chunks = (
+            out
+            for batch in self._input(directory, result)
+            if (out := run_narrow(self.ops, batch)) is not None
+        )
+        if self.sort is not None:
+            chunks = self._sorted(chunks)
+        writer = self._writer(directory)
+        limit = self.output.limit if isinstance(self.output, CollectOutput) else None
+        for batch in chunks:
+            result.rows_out += batch.num_rows
+            if writer is not None:
+                writer.write(batch)
+            if limit is not None and result.rows_out >= limit:
+                break
+        if isinstance(writer, PartitionWriter):
+            result.partitions = writer.close()
+            result.bytes_spilled = sum(
+                file_size(s.path) for segments in result.partitions.values() for s in segments
+            )
+        elif isinstance(writer, FileSink):
+            result.files = writer.close()
+        elif isinstance(writer, SpillStreams):
+            result.files = [s.path for s in writer.close().get(0, [])]
+        return result
+
+    def _input(self, directory: str, result: TaskResult) -> Iterator[pa.RecordBatch]:
+        settings = self.settings
+        if isinstance(self.input, SourceInput):
+            batches = self.input.source.read(self.input.shard, settings.chunk_rows, result.skipped)
+        else:
+            result.rows_in = sum(segment.rows for segment in self.input.segments)
+            batches = self._reduce(self.input, directory)
+        for batch in batches:
+            if isinstance(self.input, SourceInput):
+                result.rows_in += batch.num_rows
+            yield from _limit_bytes(batch, settings.chunk_bytes)
+
+    def _reduce(self, shuffle: ShuffleInput, directory: str) -> Iterator[pa.RecordBatch]:
+        reduce = shuffle.reduce
+        if isinstance(reduce, Repartition):
+            for batch in read_segments(shuffle.segments):
+                yield _visible(batch)
+            return
+        key_name = reduce.key if isinstance(reduce.key, str) else HIDDEN_COLUMNS[0]
+        spill = paths.join(directory, "reduce-spill")
+        for table in partition_tables(shuffle.segments, self.settings.memory_budget, spill):
+            if table.num_rows == 0:
+                continue
+            table = sort_for_reduce(table, key_name)
+            starts = run_starts(table, key_name)
+            if isinstance(reduce, Deduplicate):
+                yield from _visible_table(table.take(pa.array(starts))).to_batches(
+                    self.settings.chunk_rows
+                )
+            else:
+                yield from _grouped(
+                    table, key_name, starts, reduce.reducer, self.settings.chunk_rows
+                )
+
+    def _sorted(self, chunks: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        batches = list(chunks)
+        if not batches:
+            return
+        table = (
+            pa.Table.from_batches(batches)
+            if len({b.schema for b in batches}) == 1
+            else (
+                pa.concat_tables(
+                    [pa.Table.from_batches([b]) for b in batches], promote_options="permissive"
+                )
+            )
+        )
+        order = "descending" if self.sort.descending else "ascending"
+        table = table.sort_by([(column, order) for column in self.sort.columns])
+        for batch in table.to_batches(self.settings.chunk_rows):
+            out = run_narrow(self.after_sort, batch)
+            if out is not None:
+                yield out
+
+    def _writer(self, directory: str) -> PartitionWriter | FileSink | SpillStreams | None:
+        output = self.output
+        if isinstance(output, ShuffleOutput):
+            if output.combiner is not None:
+                return _CombiningWriter(directory, output, self.index)
+            return PartitionWriter(directory, output.num_partitions, output.key, self.index)
+        if isinstance(output, FileOutput):
+            return FileSink(directory, output.format, output.target_bytes)
+        if isinstance(output, CollectOutput):
+            return _CollectWriter(directory)
+        return None
+
+
+def _visible(batch: pa.RecordBatch) -> pa.RecordBatch:
+    keep = [name for name in batch.schema.names if name not in HIDDEN_COLUMNS]
+    return batch.select(keep)
+
+
+def _visible_table(table: pa.Table) -> pa.Table:
+    return table.drop_columns([name for name in table.column_names if name in HIDDEN_COLUMNS])
+
+
+def _grouped(
+    table: pa.Table, key_name: str, starts, reducer: Reducer, chunk_rows: int
+) -> Iterator[pa.RecordBatch]:
+    """Call `reducer(key, rows)` for each run of equal keys; yield its rows in chunks."""
+    keys = table.column(key_name).take(pa.array(starts)).to_pylist()
+    rows = _visible_table(table).to_pylist()
+    ends = [*starts[1:], table.num_rows]
+    out: list[Row] = []
+    for key, start, end in zip(keys, starts, ends, strict=True):
+        out.extend(_as_rows(reducer(key, rows[int(start) : int(end)]), reducer))
+        if len(out) >= chunk_rows:
+            yield rows_to_batch(out)
+            out = []
+    if out:
+        yield rows_to_batch(out)
+
+
+def _as_rows(result, reducer: Reducer) -> list[Row]:
+    if result is None:
+        return []
+    if isinstance(result, dict):
+        return [result]
+    rows = list(result)
+    if not all(isinstance(row, dict) for row in rows):
+        name = getattr(reducer, "__qualname__", repr(reducer))
+        raise StageError(f"reducer {name} must return a dict, an iterable of dicts, or None")
+    return rows
+
+
+def _limit_bytes(batch: pa.RecordBatch, chunk_bytes: int) -> Iterator[pa.RecordBatch]:
+    """Split a batch whose Arrow buffers exceed `chunk_bytes` into row slices that fit."""
+    if batch.nbytes <= chunk_bytes or batch.num_rows <= 1:
+        yield batch
+        return
+    pieces = -(-batch.nbytes // chunk_bytes)
+    size = -(-batch.num_rows // pieces)
+    for start in range(0, batch.num_rows, size):
+        yield batch.slice(start, size)
+
+
+class _CombiningWriter(PartitionWriter):
+    """A PartitionWriter that first combines each chunk's rows by key (group_by's combiner)."""
+
+    def __init__(self, directory: str, output: ShuffleOutput, task_index: int) -> None:
+        super().__init__(directory, output.num_partitions, output.key, task_index)
+        self.combiner = output.combiner
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        groups: dict = {}
+        for row in batch.to_pylist():
+            value = row[self.key] if isinstance(self.key, str) else self.key(row)
+            groups.setdefault(_hashable(value), (value, []))[1].append(row)
+        combined = [
+            row
+            for value, rows in groups.values()
+            for row in _as_rows(self.combiner(value, rows), self.combiner)
+        ]
+        out = rows_to_batch(combined)
+        if out is not None:
+            super().write(out)
+
+
+def _hashable(value):
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    return value
+
+
+class _CollectWriter(SpillStreams):
+    def __init__(self, directory: str) -> None:
+        super().__init__(directory, "collect-")
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.append(0, batch)

@@ -1,0 +1,174 @@
+"""The Dataset API on the local backend: each operation's meaning, the plan, the outputs."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from keel.core.errors import UsageError
+from keel.flow import TaskFailedError, from_items, read_jsonl, read_parquet
+
+ROWS = [{"id": i % 7, "n": i, "text": f"row {i}"} for i in range(100)]
+
+
+def _stages(plan: str) -> int:
+    return sum(line.startswith("stage ") for line in plan.splitlines())
+
+
+def test_narrow_operations_fuse_into_one_stage_and_compute_the_right_rows(pool):
+    ds = (
+        from_items(ROWS, num_shards=3)
+        .map(lambda r: {**r, "double": r["n"] * 2})
+        .flat_map(lambda r: [r, {**r, "n": -r["n"]}] if r["n"] < 5 else [r])
+        .filter(lambda r: r["n"] % 2 == 0)
+        .filter(pc.field("double") >= 4)
+        .map_batches(lambda b: b.append_column("tag", pa.array(["x"] * b.num_rows)))
+        .select("n", "double", "tag")
+    )
+    plan = ds.explain()
+    assert _stages(plan) == 1 and "map(" in plan and "select(n, double, tag)" in plan
+    rows = ds.to_table(backend=pool).to_pylist()
+    expected = [{"n": n, "double": 2 * abs(n), "tag": "x"} for n in [-2, -4, 2, 4]]
+    expected += [{"n": n, "double": 2 * n, "tag": "x"} for n in range(6, 100, 2)]
+    assert sorted(rows, key=lambda r: (r["double"], r["n"])) == sorted(
+        expected, key=lambda r: (r["double"], r["n"])
+    )
+
+
+def test_wide_operations_cut_stages(pool):
+    ds = from_items(ROWS, 2).map(lambda r: r).deduplicate("id", 3).map(lambda r: r).repartition(2)
+    plan = ds.explain()
+    assert _stages(plan) == 3
+    assert "shuffle by deduplicate('id', 3 shards)" in plan and "repartition(2)" in plan
+
+
+def test_deduplicate_keeps_the_first_row_of_each_key_in_input_order(pool):
+    rows = from_items(ROWS, num_shards=4).deduplicate("id", num_shards=3).to_table(backend=pool)
+    kept = sorted(rows.to_pylist(), key=lambda r: r["id"])
+    assert kept == [{"id": i, "n": i, "text": f"row {i}"} for i in range(7)]
+
+
+def test_deduplicate_by_a_function_key(pool):
+    ds = from_items(ROWS, 3).deduplicate(lambda r: r["n"] // 10, num_shards=2)
+    assert sorted(r["n"] for r in ds.to_table(backend=pool).to_pylist()) == list(range(0, 100, 10))
+
+
+def test_group_by_calls_the_reducer_once_per_key_with_rows_in_input_order(pool):
+    def summarize(key, rows):
+        return {"id": key, "count": len(rows), "ns": [r["n"] for r in rows]}
+
+    table = from_items(ROWS, 4).group_by("id", summarize, num_shards=3).to_table(backend=pool)
+    groups = {row["id"]: row for row in table.to_pylist()}
+    assert sorted(groups) == list(range(7))
+    for key, row in groups.items():
+        assert row["ns"] == [n for n in range(100) if n % 7 == key]
+        assert row["count"] == len(row["ns"])
+
+
+def test_group_by_with_a_combiner_gives_the_same_totals(pool):
+    def total(key, rows):
+        return {"id": key, "sum": sum(r["sum"] if "sum" in r else r["n"] for r in rows)}
+
+    plain = from_items(ROWS, 4).group_by("id", total, 2).to_table(backend=pool)
+    combined = from_items(ROWS, 4).group_by("id", total, 2, combiner=total).to_table(backend=pool)
+    assert sorted(plain.to_pylist(), key=str) == sorted(combined.to_pylist(), key=str)
+
+
+def test_reducer_may_return_many_rows_or_none(pool):
+    def explode(key, rows):
+        return None if key == 0 else [{"id": key, "i": i} for i in range(key)]
+
+    rows = from_items(ROWS, 2).group_by("id", explode, 2).to_table(backend=pool).to_pylist()
+    assert len(rows) == sum(range(7))
+
+
+def test_repartition_keeps_every_row_and_spreads_them(pool, tmp_path):
+    result = from_items(ROWS, 1).repartition(4).write_parquet(tmp_path / "out", backend=pool)
+    sizes = [pq.read_metadata(f).num_rows for f in result.files]
+    assert sum(sizes) == 100 and len(sizes) == 4 and min(sizes) > 10
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["_SUCCESS"] + [f"part-0000{i}-of-00004.parquet" for i in range(4)]
+
+
+def test_sort_orders_rows_within_each_shard(pool):
+    rows = from_items(ROWS, 1).sort("n", descending=True).to_table(backend=pool).to_pylist()
+    assert [r["n"] for r in rows] == list(range(99, -1, -1))
+    with pytest.raises(UsageError, match="one sort per stage"):
+        from_items(ROWS).sort("n").sort("id").explain()
+
+
+def test_take_and_count(pool):
+    ds = from_items(ROWS, 2).filter(lambda r: r["n"] >= 50)
+    assert ds.count(backend=pool) == 50
+    assert [r["n"] for r in ds.take(3, backend=pool)] == [50, 51, 52]
+
+
+def test_write_jsonl_then_read_it_back(pool, tmp_path):
+    from_items(ROWS, 2).write_jsonl(tmp_path / "j", backend=pool)
+    back = read_jsonl(str(tmp_path / "j" / "*.jsonl")).to_table(backend=pool).to_pylist()
+    assert back == ROWS
+    first = (tmp_path / "j" / "part-00000-of-00002.jsonl").read_text().splitlines()[0]
+    assert json.loads(first) == ROWS[0]
+
+
+def test_target_file_size_splits_output_files(pool, tmp_path):
+    random = np.random.default_rng(0)
+    big = [{"n": i, "text": random.bytes(500).hex()} for i in range(2000)]
+    result = from_items(big, 1).write_parquet(
+        tmp_path / "p", target_file_bytes=200_000, backend=pool, chunk_rows=200
+    )
+    assert len(result.files) > 1
+    assert sum(pq.read_metadata(f).num_rows for f in result.files) == 2000
+
+
+def test_read_parquet_pushes_down_columns_and_filter(pool, tmp_path):
+    from_items(ROWS, 2).write_parquet(tmp_path / "p", backend=pool)
+    ds = read_parquet(str(tmp_path / "p" / "*.parquet"), columns=["n"], filter=pc.field("n") < 10)
+    assert "columns ['n']" in ds.explain()
+    assert ds.to_table(backend=pool).to_pylist() == [{"n": i} for i in range(10)]
+
+
+def test_counters_report_rows_and_spill(pool, tmp_path):
+    result = from_items(ROWS, 2).deduplicate("id", 2).write_parquet(tmp_path / "o", backend=pool)
+    first, second = result.stages
+    assert (first.rows_in, first.rows_out, second.rows_in, second.rows_out) == (100, 100, 100, 7)
+    assert first.bytes_spilled > 0 and result.retries == 0 and result.rows == 7
+
+
+def test_output_to_an_fsspec_url(pool):
+    import fsspec
+
+    fsspec.filesystem("memory").store.clear()
+    result = from_items(ROWS, 2).write_parquet("memory://bucket/out", backend=pool)
+    assert result.files == [
+        "memory://bucket/out/part-00000-of-00002.parquet",
+        "memory://bucket/out/part-00001-of-00002.parquet",
+    ]
+    with fsspec.open(result.files[1], "rb") as handle:
+        assert pq.read_table(handle).num_rows == 50
+
+
+def test_a_user_function_error_names_stage_task_and_shard(pool):
+    def broken(row):
+        if row["n"] < 50:  # only shard 0 of 2
+            raise ValueError(f"cannot handle row {row['n']}")
+        return row
+
+    with pytest.raises(TaskFailedError) as caught:
+        from_items(ROWS, 2).map(broken).count(backend=pool, retries=1)
+    message = str(caught.value)
+    assert "stage 0" in message and "task 0 (items shard 0 of 2)" in message
+    assert "after 2 attempts" in message and "ValueError: cannot handle row 0" in message
+
+
+def test_a_map_that_returns_no_dict_fails_at_once(pool):
+    with pytest.raises(TaskFailedError, match=r"after 1 attempt: map function .* returned a int"):
+        from_items(ROWS, 1).map(lambda r: 1).count(backend=pool)
+
+
+def test_unknown_run_option_is_a_usage_error():
+    with pytest.raises(UsageError, match="unknown run option"):
+        from_items(ROWS).count(wrkers=2)
