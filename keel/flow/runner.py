@@ -26,7 +26,7 @@ from keel.flow.backends import Backend, make_backend
 from keel.flow.ops import Deduplicate, GroupBy, Repartition
 from keel.flow.plan import StagePlan
 from keel.flow.readers import SkipLog
-from keel.flow.shuffle import Segment, read_segments
+from keel.flow.shuffle import Segment, concat_batches, read_segments
 from keel.flow.sources import Source
 from keel.flow.tasks import (
     CollectOutput,
@@ -56,6 +56,8 @@ class StageCounters:
     rows_out: int = 0
     bytes_spilled: int = 0
     retries: int = 0
+    peak_worker_rss: int = 0
+    """The largest peak resident memory (bytes) of any worker that ran a task of this stage."""
 
 
 @dataclass
@@ -188,6 +190,7 @@ def _run_stage(backend, stage, tasks, retries, progress):
         counters.rows_out += task_result.rows_out
         counters.bytes_spilled += task_result.bytes_spilled
         counters.retries += attempts - 1
+        counters.peak_worker_rss = max(counters.peak_worker_rss, task_result.peak_rss)
         if progress is not None:
             progress.update(
                 bar,
@@ -215,9 +218,7 @@ def _finish(output: Output, results: list[TaskResult], result: FlowResult) -> No
         commit_files(result, output.destination)
     elif isinstance(output, CollectOutput):
         segments = [Segment(path, 0, 0) for task_result in results for path in task_result.files]
-        batches = list(read_segments(segments))
-        tables = [pa.Table.from_batches([b]) for b in batches]
-        table = pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})
+        table = concat_batches(list(read_segments(segments)))
         result.table = table.slice(0, output.limit) if output.limit is not None else table
 
 

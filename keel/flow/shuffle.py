@@ -30,6 +30,11 @@ from keel.flow.ops import Key
 
 IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
+SUB_BUCKETS_PER_BUDGET = 4
+"""A reducer holds up to about three copies of the rows it reduces at once (the table, its sorted
+copy, and the rows as Python objects for a reducer function), so a sub-bucket is sized at a
+quarter of the memory budget."""
+
 
 @dataclass(frozen=True)
 class Segment:
@@ -40,6 +45,16 @@ class Segment:
     bytes: int
 
 
+@dataclass
+class _Stream:
+    path: str
+    handle: IO[bytes]
+    writer: pa.ipc.RecordBatchStreamWriter
+    schema: pa.Schema
+    rows: int = 0
+    bytes: int = 0
+
+
 class SpillStreams:
     """One zstd Arrow IPC stream per bucket under `directory`; a batch with another schema than its
     bucket's open stream starts a new segment file."""
@@ -48,23 +63,22 @@ class SpillStreams:
         self.directory = directory
         self.prefix = prefix
         self.segments: dict[int, list[Segment]] = {}
-        self._open: dict[int, tuple[IO[bytes], pa.ipc.RecordBatchStreamWriter, Segment]] = {}
+        self._open: dict[int, _Stream] = {}
 
     def append(self, bucket: int, batch: pa.RecordBatch) -> None:
-        current = self._open.get(bucket)
-        if current is not None and current[1].schema != batch.schema:
+        stream = self._open.get(bucket)
+        if stream is not None and stream.schema != batch.schema:
             self._finish(bucket)
-            current = None
-        if current is None:
+            stream = None
+        if stream is None:
             number = len(self.segments.get(bucket, []))
             path = paths.join(self.directory, f"{self.prefix}{bucket:05d}-s{number:03d}.arrow")
             handle = paths.open_file(path, "wb")
             writer = pa.ipc.new_stream(handle, batch.schema, options=IPC_OPTIONS)
-            current = (handle, writer, Segment(path, 0, 0))
-        handle, writer, segment = current
-        writer.write_batch(batch)
-        grown = Segment(segment.path, segment.rows + batch.num_rows, segment.bytes + batch.nbytes)
-        self._open[bucket] = (handle, writer, grown)
+            stream = self._open[bucket] = _Stream(path, handle, writer, batch.schema)
+        stream.writer.write_batch(batch)
+        stream.rows += batch.num_rows
+        stream.bytes += batch.nbytes
 
     def close(self) -> dict[int, list[Segment]]:
         """Finish every open stream; all segments written, by bucket."""
@@ -73,9 +87,10 @@ class SpillStreams:
         return self.segments
 
     def _finish(self, bucket: int) -> None:
-        handle, writer, segment = self._open.pop(bucket)
-        writer.close()
-        handle.close()
+        stream = self._open.pop(bucket)
+        stream.writer.close()
+        stream.handle.close()
+        segment = Segment(stream.path, stream.rows, stream.bytes)
         self.segments.setdefault(bucket, []).append(segment)
 
 
@@ -131,18 +146,19 @@ def partition_tables(
     segments: Sequence[Segment], budget_bytes: int, spill_directory: str
 ) -> Iterator[pa.Table]:
     """The partition as tables that each fit `budget_bytes`: the whole partition when it fits,
-    else one table per hash-range sub-bucket, streamed to `spill_directory` first."""
+    else one table per hash-range sub-bucket of about a quarter of the budget, streamed to
+    `spill_directory` first."""
     total = sum(segment.bytes for segment in segments)
     if total <= budget_bytes:
-        yield _concat(list(read_segments(segments)))
+        yield concat_batches(list(read_segments(segments)))
         return
-    buckets = math.ceil(2 * total / budget_bytes)
+    buckets = math.ceil(SUB_BUCKETS_PER_BUDGET * total / budget_bytes)
     streams = SpillStreams(spill_directory, "b")
     for batch in read_segments(segments):
         _split(batch, _hash_range(batch.column(HASH_COLUMN), buckets), buckets, streams)
     spilled = streams.close()
     for bucket in sorted(spilled):
-        yield _concat(list(read_segments(spilled[bucket])))
+        yield concat_batches(list(read_segments(spilled[bucket])))
 
 
 def _hash_range(hashes: pa.Array, buckets: int) -> np.ndarray:
@@ -151,7 +167,9 @@ def _hash_range(hashes: pa.Array, buckets: int) -> np.ndarray:
     return (high * np.uint64(buckets)) >> np.uint64(32)
 
 
-def _concat(batches: list[pa.RecordBatch]) -> pa.Table:
+def concat_batches(batches: list[pa.RecordBatch]) -> pa.Table:
+    """One table of `batches`, whose schemas may differ (types are promoted, missing columns
+    filled with nulls)."""
     if not batches:
         return pa.table({})
     tables = [pa.Table.from_batches([batch]) for batch in batches]

@@ -8,6 +8,7 @@ the files named in the successful attempt's result.
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -33,6 +34,7 @@ from keel.flow.shuffle import (
     PartitionWriter,
     Segment,
     SpillStreams,
+    concat_batches,
     file_size,
     partition_tables,
     read_segments,
@@ -111,6 +113,8 @@ class TaskResult:
     rows_in: int = 0
     rows_out: int = 0
     bytes_spilled: int = 0
+    peak_rss: int = 0
+    """Peak resident memory of the worker process so far, in bytes (Linux; 0 elsewhere)."""
     skipped: SkipLog = field(default_factory=lambda: SkipLog({}, []))
 
 
@@ -168,6 +172,7 @@ class Task:
             result.files = writer.close()
         elif isinstance(writer, SpillStreams):
             result.files = [s.path for s in writer.close().get(0, [])]
+        result.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return result
 
     def _input(self, directory: str, result: TaskResult) -> Iterator[pa.RecordBatch]:
@@ -200,23 +205,16 @@ class Task:
                     self.settings.chunk_rows
                 )
             else:
-                yield from _grouped(
-                    table, key_name, starts, reduce.reducer, self.settings.chunk_rows
-                )
+                keys = table.column(key_name).take(pa.array(starts)).to_pylist()
+                rows = _visible_table(table).to_pylist()
+                del table  # the rows are all the reducer needs: hold one copy, not two
+                yield from _grouped(keys, rows, starts, reduce.reducer, self.settings.chunk_rows)
 
     def _sorted(self, chunks: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         batches = list(chunks)
         if not batches:
             return
-        table = (
-            pa.Table.from_batches(batches)
-            if len({b.schema for b in batches}) == 1
-            else (
-                pa.concat_tables(
-                    [pa.Table.from_batches([b]) for b in batches], promote_options="permissive"
-                )
-            )
-        )
+        table = concat_batches(batches)
         order = "descending" if self.sort.descending else "ascending"
         table = table.sort_by([(column, order) for column in self.sort.columns])
         for batch in table.to_batches(self.settings.chunk_rows):
@@ -231,7 +229,7 @@ class Task:
                 return _CombiningWriter(directory, output, self.index)
             return PartitionWriter(directory, output.num_partitions, output.key, self.index)
         if isinstance(output, FileOutput):
-            return FileSink(directory, output.format, output.target_bytes)
+            return FileSink(directory, output.format, output.target_bytes, self.settings.chunk_rows)
         if isinstance(output, CollectOutput):
             return _CollectWriter(directory)
         return None
@@ -247,12 +245,11 @@ def _visible_table(table: pa.Table) -> pa.Table:
 
 
 def _grouped(
-    table: pa.Table, key_name: str, starts, reducer: Reducer, chunk_rows: int
+    keys: list, rows: list[Row], starts, reducer: Reducer, chunk_rows: int
 ) -> Iterator[pa.RecordBatch]:
-    """Call `reducer(key, rows)` for each run of equal keys; yield its rows in chunks."""
-    keys = table.column(key_name).take(pa.array(starts)).to_pylist()
-    rows = _visible_table(table).to_pylist()
-    ends = [*starts[1:], table.num_rows]
+    """Call `reducer(key, rows)` for each run of equal keys (run i starts at row starts[i]); yield
+    the reducer's rows in chunks."""
+    ends = [*starts[1:], len(rows)]
     out: list[Row] = []
     for key, start, end in zip(keys, starts, ends, strict=True):
         out.extend(_as_rows(reducer(key, rows[int(start) : int(end)]), reducer))

@@ -10,6 +10,11 @@ rather than multiprocessing: a clean process is safe beside threads in the paren
 executor's), and, unlike multiprocessing's spawn, it does not re-import the caller's __main__, so a
 script without an `if __name__ == "__main__"` guard works. Tasks travel pickled with cloudpickle,
 so lambdas and functions defined in scripts and experiment files go along.
+
+Workers use the system allocator for Arrow (unless ARROW_DEFAULT_MEMORY_POOL says otherwise):
+mimalloc, pyarrow's default, keeps freed pages, so a reducer's resident memory grew with every
+sub-bucket it processed (252 MB peak for a 40 MB budget on a 200 MB group_by, against 177 MB with
+the system allocator, in the same run on this machine).
 """
 
 from __future__ import annotations
@@ -95,6 +100,7 @@ class _Worker:
         to_child_read, to_child_write = os.pipe()
         from_child_read, from_child_write = os.pipe()
         environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        environment.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # see the module docstring
         self.process = subprocess.Popen(
             [
                 sys.executable,
