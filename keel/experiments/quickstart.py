@@ -3,15 +3,16 @@
     documents ──> word_counts ────┐
               └─> document_stats ─┴─> summary
 
-`documents` reads the bundled sample (40 WikiText-2 articles, see NOTICE) into Parquet; the two
-middle steps are independent, so `--max-parallel 2` runs them side by side; `summary` joins them
-into summary.json. Run it with `keel quickstart` or `keel run keel/experiments/quickstart.py`;
-change a threshold with e.g. `--set word_counts.min_length=4` and only that branch re-runs.
+`documents` reads the bundled sample (40 WikiText-2 articles, see NOTICE) into Parquet;
+`word_counts` counts words with keel/flow (flat_map -> group_by with a map-side combiner ->
+sort, on worker processes); `document_stats` is independent of it, so the two run side by side;
+`summary` joins them into summary.json. Run it with `keel quickstart` or
+`keel run keel/experiments/quickstart.py`; change a threshold with e.g.
+`--set word_counts.min_length=4` and only that branch re-runs.
 """
 
 from __future__ import annotations
 
-import collections
 import gzip
 import itertools
 import json
@@ -22,6 +23,7 @@ from importlib import resources
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from keel import flow
 from keel.core import paths
 from keel.steps import Step, output_of
 
@@ -44,6 +46,8 @@ class WordCountConfig:
     lowercase: bool = True
     ignore: tuple[str, ...] = ("<unk>",)
     """Markers removed before counting (WikiText writes rare words as <unk>)."""
+    workers: int = 2
+    """keel/flow worker processes."""
 
 
 @dataclass(frozen=True)
@@ -68,16 +72,26 @@ def read_sample(config: SampleConfig, output: str) -> None:
 
 
 def count_words(config: WordCountConfig, output: str) -> None:
-    """documents -> word_counts.parquet (word, count), most frequent first, ties by word."""
-    counts: collections.Counter[str] = collections.Counter()
-    for text in _texts(config.documents):
-        for marker in config.ignore:
-            text = text.replace(marker, " ")
-        words = WORD.findall(text.lower() if config.lowercase else text)
-        counts.update(word for word in words if len(word) >= config.min_length)
-    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    table = pa.table({"word": [w for w, _ in ranked], "count": [c for _, c in ranked]})
-    _write(table, output, "word_counts.parquet")
+    """documents -> word_counts/ (word, count), most frequent first, ties by word."""
+    counts = (
+        flow.read_parquet(paths.join(config.documents, "documents.parquet"), columns=["text"])
+        .flat_map(lambda document: ({"word": word} for word in _words(document["text"], config)))
+        .group_by("word", _add_counts, num_shards=1, combiner=_add_counts)
+        .sort(("count", "descending"), ("word", "ascending"))
+    )
+    counts.write_parquet(paths.join(output, "word_counts"), workers=config.workers)
+
+
+def _words(text: str, config: WordCountConfig) -> list[str]:
+    for marker in config.ignore:
+        text = text.replace(marker, " ")
+    words = WORD.findall(text.lower() if config.lowercase else text)
+    return [word for word in words if len(word) >= config.min_length]
+
+
+def _add_counts(word: str, rows: list[dict]) -> dict:
+    """Reducer and combiner: rows are single words or partial counts of `word`."""
+    return {"word": word, "count": sum(row.get("count") or 1 for row in rows)}
 
 
 def document_stats(config: DocumentStatsConfig, output: str) -> None:
@@ -97,7 +111,7 @@ def document_stats(config: DocumentStatsConfig, output: str) -> None:
 
 def summarize(config: SummaryConfig, output: str) -> None:
     """word counts + document stats -> summary.json."""
-    counts = _read(config.word_counts, "word_counts.parquet").to_pylist()
+    counts = _read(config.word_counts, "word_counts").to_pylist()
     stats = _read(config.document_stats, "document_stats.parquet").to_pylist()
     words = sum(row["words"] for row in stats)
     summary = {
@@ -113,18 +127,15 @@ def summarize(config: SummaryConfig, output: str) -> None:
         handle.write(json.dumps(summary, indent=2) + "\n")
 
 
-def _texts(documents: str) -> list[str]:
-    return _read(documents, "documents.parquet", columns=["text"]).column("text").to_pylist()
-
-
 def _write(table: pa.Table, directory: str, name: str) -> None:
     with paths.open_file(paths.join(directory, name), "wb") as handle:
         pq.write_table(table, handle, compression="zstd")
 
 
 def _read(directory: str, name: str, columns: list[str] | None = None) -> pa.Table:
-    with paths.open_file(paths.join(directory, name), "rb") as handle:
-        return pq.read_table(handle, columns=columns)
+    """A Parquet file, or a directory of them, under `directory` (any fsspec URL)."""
+    fs, path = paths.filesystem(paths.join(directory, name))
+    return pq.read_table(path, columns=columns, filesystem=fs)
 
 
 _DOCUMENT_SCHEMA = pa.schema(

@@ -97,11 +97,18 @@ class Dataset:
         """Spread rows evenly over `num_shards` shards."""
         return self._then(Repartition(self._shards(num_shards)))
 
-    def sort(self, *columns: str, descending: bool = False) -> Dataset:
-        """Order the rows within each shard by `columns` (each shard must fit in memory)."""
+    def sort(self, *columns: str | tuple[str, str], descending: bool = False) -> Dataset:
+        """Order the rows within each shard (each shard must fit in memory). A column is a name,
+        ordered by `descending`, or a pair (name, "ascending" | "descending"):
+        `ds.sort(("count", "descending"), "word")`. The sort is stable."""
         if not columns:
             raise UsageError("sort needs at least one column")
-        return self._then(Sort(tuple(columns), descending))
+        default = "descending" if descending else "ascending"
+        keys = tuple((c, default) if isinstance(c, str) else tuple(c) for c in columns)
+        bad = [order for _, order in keys if order not in ("ascending", "descending")]
+        if bad:
+            raise UsageError(f"sort order must be 'ascending' or 'descending', got {bad[0]!r}")
+        return self._then(Sort(keys))
 
     # -- actions ----------------------------------------------------------------------------
     def write_parquet(

@@ -78,8 +78,9 @@ class Repartition:
 
 @dataclass(frozen=True)
 class Sort:
-    columns: tuple[str, ...]
-    descending: bool = False
+    """Sort keys as pyarrow takes them: ((column, "ascending" | "descending"), ...)."""
+
+    keys: tuple[tuple[str, str], ...]
 
 
 WideOp = GroupBy | Deduplicate | Repartition

@@ -128,7 +128,7 @@ def _name(op: object) -> str:
     if isinstance(op, Repartition):
         return f"repartition({op.num_shards})"
     if isinstance(op, Sort):
-        return f"sort({', '.join(op.columns)}{', descending' if op.descending else ''})"
+        return "sort(" + ", ".join(f"{c}{' desc' * (o == 'descending')}" for c, o in op.keys) + ")"
     return type(op).__name__
 
 

@@ -215,8 +215,7 @@ class Task:
         if not batches:
             return
         table = concat_batches(batches)
-        order = "descending" if self.sort.descending else "ascending"
-        table = table.sort_by([(column, order) for column in self.sort.columns])
+        table = table.sort_by(list(self.sort.keys))
         for batch in table.to_batches(self.settings.chunk_rows):
             out = run_narrow(self.after_sort, batch)
             if out is not None:

@@ -14,6 +14,8 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+import cloudpickle
+
 from keel.core.config import apply_overrides, parse_override
 from keel.core.errors import ConfigError, KeelError, UsageError
 from keel.steps.step import Step, StepRef, all_steps, map_references
@@ -36,6 +38,9 @@ def load_experiment(path: str | Path) -> list[Step]:
         raise UsageError(f"cannot import experiment file {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # dataclasses defined in the file need their module
+    # Worker processes (keel.flow, Ray) cannot import this module by name: ship its functions
+    # and classes by value instead.
+    cloudpickle.register_pickle_by_value(module)
     if str(resolved.parent) not in sys.path:
         sys.path.insert(0, str(resolved.parent))  # as for a script: siblings are importable
     try:

@@ -1,4 +1,4 @@
-"""Malformed input through a whole pipeline: a clear error by default, counted skips when lenient."""
+"""Malformed input through a pipeline: a clear error by default, counted skips when lenient."""
 
 import gzip
 import json

@@ -25,7 +25,12 @@ def serve(receive: Connection, send: Connection) -> None:
             return
         if not message:
             return
-        task, attempt = cloudpickle.loads(message)
+        try:
+            task, attempt = cloudpickle.loads(message)
+        except Exception as error:  # e.g. a function whose module this process cannot import
+            reason = f"cannot load the task in a worker process: {type(error).__name__}: {error}"
+            send.send_bytes(pickle.dumps(("error", reason, False)))
+            continue
         send.send_bytes(pickle.dumps(run_task_safely(task, attempt)))
 
 
