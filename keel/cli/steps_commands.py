@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from rich.table import Table
 
 from keel.cli.output import fail, print_json, stderr, stdout, user_errors
 from keel.core import paths
+from keel.core.errors import UsageError
+from keel.flow.runner import BACKEND_ENV
 from keel.steps import (
     RunReport,
     Step,
@@ -25,6 +28,7 @@ from keel.steps import (
 from keel.steps.record import git_commit
 
 DEFAULT_PREFIX = "keel-out"
+FLOW_BACKENDS = ("local", "ray")
 
 PREFIX = typer.Option(
     DEFAULT_PREFIX,
@@ -38,6 +42,12 @@ MAX_PARALLEL = typer.Option(
 )
 DRY_RUN = typer.Option(False, "--dry-run", help="Print the plan (cached / to run); run nothing.")
 JSON = typer.Option(False, "--json", help="Print one JSON object on stdout instead of a table.")
+BACKEND = typer.Option(
+    None,
+    "--backend",
+    help="keel/flow backend for the steps' data work: local (processes) or ray "
+    "(sets $KEEL_FLOW_BACKEND; a cluster address comes from $KEEL_RAY_ADDRESS).",
+)
 SET = typer.Option(
     [], "--set", help="Override a step's config: STEP.key=value (repeatable), type-checked."
 )
@@ -56,6 +66,7 @@ def run_command(
     dry_run: bool = DRY_RUN,
     force: str | None = FORCE,
     max_parallel: int = MAX_PARALLEL,
+    backend: str | None = BACKEND,
     overrides: list[str] = SET,
     as_json: bool = JSON,
 ) -> None:
@@ -63,6 +74,7 @@ def run_command(
 
     Example: keel run experiments/my_exp.py --prefix /data/keel --max-parallel 4 --set train.lr=3e-4
     """
+    _use_backend(backend)
     steps = override_steps(load_experiment(experiment), overrides)
     _run_steps(steps, prefix, dry_run, force, max_parallel, as_json, experiment.parent)
 
@@ -73,6 +85,7 @@ def quickstart_command(
     dry_run: bool = DRY_RUN,
     force: str | None = FORCE,
     max_parallel: int = typer.Option(2, "--max-parallel", min=1, help="Steps run at once."),
+    backend: str | None = BACKEND,
     overrides: list[str] = SET,
     as_json: bool = JSON,
 ) -> None:
@@ -80,6 +93,7 @@ def quickstart_command(
 
     Example: keel quickstart --prefix /tmp/keel-demo
     """
+    _use_backend(backend)
     source = resources.files("keel.experiments") / "quickstart.py"
     with resources.as_file(source) as experiment:
         steps = override_steps(load_experiment(experiment), overrides)
@@ -122,6 +136,15 @@ def status_command(prefix: str = PREFIX, as_json: bool = JSON) -> None:
         state = f"[{colors.get(entry.state, 'white')}]{entry.state}[/]"
         table.add_row(entry.dir_name, state, _age(entry.record.age_seconds()), entry.record.output)
     stdout.print(table)
+
+
+def _use_backend(backend: str | None) -> None:
+    """Make `backend` the default flow backend of this process's steps."""
+    if backend is None:
+        return
+    if backend not in FLOW_BACKENDS:
+        raise UsageError(f"--backend {backend!r}: use one of {', '.join(FLOW_BACKENDS)}")
+    os.environ[BACKEND_ENV] = backend
 
 
 def _run_steps(

@@ -9,6 +9,7 @@ directory that is then committed atomically (core.commit), with a `_SUCCESS` mar
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -43,6 +44,8 @@ from keel.flow.tasks import (
 logger = logging.getLogger(__name__)
 
 SUCCESS_MARKER = "_SUCCESS"
+BACKEND_ENV = "KEEL_FLOW_BACKEND"
+RAY_ADDRESS_ENV = "KEEL_RAY_ADDRESS"
 
 
 @dataclass
@@ -79,7 +82,8 @@ class FlowResult:
 class RunOptions:
     """How to run: backend and its workers, retries per task, memory settings, progress bar."""
 
-    backend: str | Backend = "local"
+    backend: str | Backend = field(default_factory=lambda: os.environ.get(BACKEND_ENV, "local"))
+    """"local", "ray", or a Backend object to reuse; default from $KEEL_FLOW_BACKEND."""
     workers: int | None = None
     retries: int = 2
     settings: Settings = field(default_factory=Settings)
@@ -87,7 +91,7 @@ class RunOptions:
     """None: show a progress bar when stderr is a terminal."""
     work_dir: str | None = None
     """Where shuffle files go (default: a temporary directory, removed after the run)."""
-    ray_address: str | None = None
+    ray_address: str | None = field(default_factory=lambda: os.environ.get(RAY_ADDRESS_ENV))
 
 
 def execute(

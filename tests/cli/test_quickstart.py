@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 QUICKSTART_STEPS = ["documents", "word_counts", "document_stats", "summary"]  # DAG order
 
 
@@ -40,3 +42,20 @@ def test_every_command_has_help_with_an_example(cli):
         result = cli.run(command, "--help")
         assert result.returncode == 0
         assert "Example" in result.stdout
+
+
+def test_unknown_backend_is_a_usage_error(cli):
+    result = cli.run("quickstart", "--prefix", str(cli.prefix), "--backend", "spark")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: --backend 'spark': use one of local, ray"
+
+
+@pytest.mark.ray
+def test_quickstart_on_ray_writes_the_same_bytes_as_local(cli):
+    local = cli.run("quickstart", "--prefix", str(cli.root / "local"), "--json")
+    on_ray = cli.run("quickstart", "--prefix", str(cli.root / "ray"), "--json", "--backend", "ray")
+    assert on_ray.returncode == 0, on_ray.stderr
+    assert json.loads(on_ray.stdout)["executed"] == json.loads(local.stdout)["executed"]
+    for part in (cli.root / "local").glob("word_counts-*/word_counts/*"):
+        twin = cli.root / "ray" / part.relative_to(cli.root / "local")
+        assert twin.read_bytes() == part.read_bytes()

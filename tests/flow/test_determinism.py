@@ -9,9 +9,8 @@ import pytest
 from keel.flow import LocalBackend, read_jsonl
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("inputs")
+def write_inputs(root: Path) -> str:
+    """Five gzipped JSONL files with duplicated ids; returns their glob."""
     for shard in range(5):
         with gzip.open(root / f"docs-{shard}.jsonl.gz", "wt") as handle:
             for i in range(1500):
@@ -19,6 +18,11 @@ def inputs(tmp_path_factory):
                 row = {"id": f"doc{n % 2000}", "n": n, "text": f"text of {n % 2000} " * (n % 5 + 1)}
                 handle.write(json.dumps(row) + "\n")
     return str(root / "*.jsonl.gz")
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    return write_inputs(tmp_path_factory.mktemp("inputs"))
 
 
 def _pipeline(pattern: str):
@@ -57,17 +61,3 @@ def test_a_smaller_memory_budget_spills_but_writes_the_same_files(inputs, tmp_pa
         roomy = _run(inputs, tmp_path / "roomy", backend)
         tight = _run(inputs, tmp_path / "tight", backend, memory_budget=20_000)
     assert roomy == tight
-
-
-@pytest.mark.ray
-def test_ray_backend_writes_the_same_files_as_local(inputs, tmp_path):
-    from keel.flow.backends.ray import RayBackend
-
-    with LocalBackend(workers=2) as backend:
-        local = _run(inputs, tmp_path / "local", backend)
-    ray_backend = RayBackend(workers=2)
-    try:
-        remote = _run(inputs, tmp_path / "ray", ray_backend)
-    finally:
-        ray_backend.close()
-    assert remote == local

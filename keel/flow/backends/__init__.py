@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import cloudpickle
+
 from keel.core.errors import KeelError, UsageError
 from keel.flow.ops import StageError
 from keel.flow.readers import MalformedInputError
@@ -45,6 +47,26 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def pickle_task(task: Task, attempt: int) -> bytes:
+    """A task for a worker process, pickled by cloudpickle (lambdas and functions of experiment
+    files included: those modules are registered for pickling by value)."""
+    return cloudpickle.dumps((task, attempt))
+
+
+def run_pickled_task(payload: bytes) -> tuple:
+    """Unpickle and run a task from `pickle_task`; ("ok", result) or ("error", message, retryable).
+    Both backends run this in their workers."""
+    try:
+        task, attempt = cloudpickle.loads(payload)
+    except Exception as error:  # e.g. a function whose module this process cannot import
+        return (
+            "error",
+            f"cannot load the task in a worker: {type(error).__name__}: {error}",
+            False,
+        )
+    return run_task_safely(task, attempt)
 
 
 def run_task_safely(task: Task, attempt: int) -> tuple:

@@ -29,9 +29,7 @@ import sys
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 
-import cloudpickle
-
-from keel.flow.backends import Attempts
+from keel.flow.backends import Attempts, pickle_task
 from keel.flow.tasks import Task, TaskResult
 
 logger = logging.getLogger(__name__)
@@ -119,7 +117,7 @@ class _Worker:
         self.connection = Connection(from_child_read, writable=False)
 
     def send(self, task: Task, attempt: int) -> None:
-        self.sender.send_bytes(cloudpickle.dumps((task, attempt)))
+        self.sender.send_bytes(pickle_task(task, attempt))
 
     def receive(self) -> tuple:
         """("ok", result) | ("error", message, retryable) | ("died", message, True)."""

@@ -3,9 +3,11 @@
 `RayBackend()` starts a local Ray instance (or joins the one already initialised); with `address`
 it connects to a cluster (`"auto"`, or `"ray://host:10001"`). At most `workers` tasks are in flight
 at once, so the coordinator hands the next task to whichever slot frees first, as the local
-backend does. Ray's own retries are off (max_retries=0): keel retries, so both backends count and
-report retries the same way. On a multi-machine cluster, give the run a `work_dir` that every node
-can reach (a shared filesystem or an fsspec URL such as s3://), since shuffle files live there.
+backend does. Tasks travel pickled by keel (not by Ray's own pickler), so functions of
+experiment files go by value, as they do to local workers. Ray's own retries are off
+(max_retries=0): keel retries, so both backends count and report retries the same way. On a
+multi-machine cluster, give the run a `work_dir` that every node can reach (a shared filesystem
+or an fsspec URL such as s3://), since shuffle files live there.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from keel.core.errors import UsageError
-from keel.flow.backends import Attempts, run_task_safely
+from keel.flow.backends import Attempts, pickle_task, run_pickled_task
 from keel.flow.tasks import Task, TaskResult
 
 logger = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ class RayBackend:
             )
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = max(1, workers or cpus)
-        self._remote = ray.remote(num_cpus=1, max_retries=0)(run_task_safely)
+        self._remote = ray.remote(num_cpus=1, max_retries=0)(run_pickled_task)
 
     def run(
         self,
@@ -56,7 +58,8 @@ class RayBackend:
             while attempts.waiting or in_flight:
                 while attempts.waiting and len(in_flight) < self.workers:
                     index, attempt = attempts.next()
-                    in_flight[self._remote.remote(tasks[index], attempt)] = index
+                    payload = pickle_task(tasks[index], attempt)
+                    in_flight[self._remote.remote(payload)] = index
                 done, _ = ray.wait(list(in_flight), num_returns=1)
                 for reference in done:
                     index = in_flight.pop(reference)

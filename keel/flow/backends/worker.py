@@ -1,6 +1,6 @@
 """A local-backend worker process: `python -m keel.flow.backends.worker READ_FD WRITE_FD`.
 
-It reads cloudpickled (task, attempt) messages from one pipe and writes pickled outcomes to the
+It reads pickled (task, attempt) messages from one pipe and writes pickled outcomes to the
 other, one task at a time, until it reads an empty message or its coordinator goes away.
 """
 
@@ -11,9 +11,7 @@ import signal
 import sys
 from multiprocessing.connection import Connection
 
-import cloudpickle
-
-from keel.flow.backends import run_task_safely
+from keel.flow.backends import run_pickled_task
 
 
 def serve(receive: Connection, send: Connection) -> None:
@@ -25,13 +23,7 @@ def serve(receive: Connection, send: Connection) -> None:
             return
         if not message:
             return
-        try:
-            task, attempt = cloudpickle.loads(message)
-        except Exception as error:  # e.g. a function whose module this process cannot import
-            reason = f"cannot load the task in a worker process: {type(error).__name__}: {error}"
-            send.send_bytes(pickle.dumps(("error", reason, False)))
-            continue
-        send.send_bytes(pickle.dumps(run_task_safely(task, attempt)))
+        send.send_bytes(pickle.dumps(run_pickled_task(message)))
 
 
 if __name__ == "__main__":

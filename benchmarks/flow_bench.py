@@ -1,0 +1,426 @@
+"""Exact dedup of synthetic documents: keel/flow (local backend) against DuckDB and polars.
+
+What it measures: each contender reads the same 8 zstd Parquet files, keeps the first row per `id`
+(first in file order, then row order), and writes the kept rows as zstd Parquet to a fresh
+directory. Reported per contender (medians over --repeats runs): seconds, input rows per second,
+and peak resident memory.
+
+How:
+- The input is generated once and cached in --out: `--docs` documents with columns id (32 hex
+  chars), text (~450 bytes of seeded random words from a fixed vocabulary) and source (one of 16
+  labels, drawn per row). About 30% of rows repeat the id and text of an earlier document, spread
+  over all files; their source label usually differs from the first occurrence's, so keeping the
+  wrong copy shows up in the check below. Generation is vectorised (numpy + pyarrow).
+- Each run is a fresh subprocess (this script with --contender), so imports, caches and allocator
+  state never carry over. Its seconds are timed inside the subprocess around the work alone
+  (imports excluded; keel's worker start-up included). Runs are interleaved: keel, duckdb, polars,
+  keel, ... The input files stay in the page cache for all of them.
+- Peak memory: the parent samples the subprocess and all its descendants with psutil every 50 ms
+  and keeps the peak of the SUM of their RSS (keel: coordinator plus worker processes; DuckDB and
+  polars: one process) and the peak of the largest single process. A sum of RSS counts shared
+  pages (libraries) once per process, so it slightly overstates a multi-process tree.
+- Every run's output is checked against the expected first occurrences: the same rows, ids and
+  sources, so all three contenders produce the same set.
+
+    python benchmarks/flow_bench.py [--docs 2000000] [--repeats 3] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+FORMAT_VERSION = 1
+SEED = 20240611
+FILES = 8
+ROW_GROUP_ROWS = 65_536
+DUPLICATE_FRACTION = 0.30
+TEXT_BYTES = 450
+VOCABULARY_WORDS = 8192
+SOURCE_LABELS = tuple(f"crawl-{n:02d}" for n in range(16))
+CONTENDERS = ("keel", "duckdb", "polars")
+THREADS = 2
+SAMPLE_SECONDS = 0.05
+MB = 1_000_000
+
+DUCKDB_SQL = """
+COPY (
+    SELECT * EXCLUDE (filename, file_row_number)
+    FROM read_parquet('{glob}', filename = true, file_row_number = true)
+    QUALIFY row_number() OVER (PARTITION BY id ORDER BY filename, file_row_number) = 1
+) TO '{target}' (FORMAT parquet, COMPRESSION zstd)
+"""
+
+
+# -- synthetic input -------------------------------------------------------------------------
+
+
+def mix(values: np.ndarray) -> np.ndarray:
+    """splitmix64 of uint64 values: a seeded, stateless pseudo-random function."""
+    with np.errstate(over="ignore"):
+        x = values.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15 ^ SEED)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def vocabulary() -> pa.StringArray:
+    """VOCABULARY_WORDS distinct-ish lowercase words of 2 to 11 letters, always the same."""
+    rng = np.random.default_rng(SEED)
+    lengths = rng.integers(2, 12, VOCABULARY_WORDS)
+    letters = rng.integers(ord("a"), ord("z") + 1, int(lengths.sum()), dtype=np.uint8)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.StringArray.from_buffers(
+        VOCABULARY_WORDS, pa.py_buffer(offsets), pa.py_buffer(letters.tobytes())
+    )
+
+
+def hex_ids(docs: np.ndarray) -> pa.StringArray:
+    """The 32-hex-char id of each document number (128 bits from two mixes)."""
+    words = np.stack([mix(docs * np.uint64(2)), mix(docs * np.uint64(2) + np.uint64(1))], axis=1)
+    raw = np.ascontiguousarray(words).view(np.uint8).reshape(len(docs), 16)
+    digits = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+    text = np.empty((len(docs), 32), dtype=np.uint8)
+    text[:, 0::2] = digits[raw >> 4]
+    text[:, 1::2] = digits[raw & 15]
+    offsets = np.arange(0, 32 * len(docs) + 1, 32, dtype=np.int32)
+    return pa.StringArray.from_buffers(
+        len(docs), pa.py_buffer(offsets), pa.py_buffer(text.tobytes())
+    )
+
+
+def texts(docs: np.ndarray, words: pa.StringArray) -> pa.Array:
+    """Each document number's text: a deterministic run of vocabulary words."""
+    mean_word = pc.mean(pc.utf8_length(words)).as_py() + 1
+    mean_count = round(TEXT_BYTES / mean_word)
+    spread = mean_count // 5
+    counts = mean_count - spread + (mix(docs ^ np.uint64(0xC0FFEE)) % np.uint64(2 * spread + 1))
+    counts = counts.astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    position = np.arange(offsets[-1], dtype=np.int64) - np.repeat(offsets[:-1], counts)
+    seeds = np.repeat(docs.astype(np.uint64) << np.uint64(8), counts) + position.astype(np.uint64)
+    chosen = words.take(pa.array((mix(seeds) % np.uint64(len(words))).astype(np.int32)))
+    lists = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), chosen)
+    return pc.binary_join(lists, " ")
+
+
+def document_numbers(count: int) -> np.ndarray:
+    """The document number of each row: a new number for an original, an earlier row's number
+    (chosen uniformly among all earlier originals) for a duplicate."""
+    rng = np.random.default_rng(SEED + 1)
+    duplicate = rng.random(count) < DUPLICATE_FRACTION
+    duplicate[0] = False
+    originals_so_far = np.cumsum(~duplicate)
+    earlier = np.floor(rng.random(count) * originals_so_far).astype(np.int64)
+    return np.where(duplicate, earlier, originals_so_far - 1).astype(np.uint64)
+
+
+def sources(rows: np.ndarray) -> pa.Array:
+    labels = pa.array(SOURCE_LABELS)
+    pick = mix(rows.astype(np.uint64) ^ np.uint64(0xBEEF)) % np.uint64(len(SOURCE_LABELS))
+    return labels.take(pa.array(pick.astype(np.int32)))
+
+
+def generate(directory: Path, docs: int) -> dict:
+    """Write the input files and the expected result (id, source of each first occurrence)."""
+    data = directory / "data"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    words = vocabulary()
+    numbers = document_numbers(docs)
+    rows = np.arange(docs, dtype=np.uint64)
+    first = np.concatenate([[True], numbers[1:] > np.maximum.accumulate(numbers)[:-1]])
+    text_bytes = 0
+    for index, part in enumerate(np.array_split(rows, FILES)):
+        table = pa.table(
+            {
+                "id": hex_ids(numbers[part]),
+                "text": texts(numbers[part], words),
+                "source": sources(part),
+            }
+        )
+        text_bytes += table.column("text").nbytes
+        path = data / f"part-{index:02d}.parquet"
+        pq.write_table(table, path, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+    expected = pa.table({"id": hex_ids(numbers[first]), "source": sources(rows[first])})
+    pq.write_table(expected, directory / "expected.parquet", compression="zstd")
+    meta = {
+        "format": FORMAT_VERSION,
+        "docs": docs,
+        "unique": int(first.sum()),
+        "text_bytes": int(text_bytes),
+        "file_bytes": sum(path.stat().st_size for path in data.glob("*.parquet")),
+    }
+    (directory / "meta.json").write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def ensure_input(directory: Path, docs: int) -> dict:
+    """The cached input's description, generating it first when missing or of another size."""
+    meta_path = directory / "meta.json"
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("format") == FORMAT_VERSION and meta.get("docs") == docs:
+            return meta
+    started = time.perf_counter()
+    meta = generate(directory, docs)
+    print(f"generated {docs:,} docs in {time.perf_counter() - started:.1f} s: {meta}")
+    return meta
+
+
+# -- contenders (each runs in its own subprocess) ------------------------------------------------
+
+
+def run_keel(glob: str, target: Path) -> dict:
+    from keel.flow import read_parquet
+
+    timer = StageTimer()
+    result = read_parquet(glob).deduplicate("id", num_shards=8).write_parquet(target, workers=2)
+    stages = [
+        {
+            "stage": stage.stage,
+            "name": stage.name,
+            "seconds": timer.seconds[stage.stage] if stage.stage < len(timer.seconds) else None,
+            "rows_in": stage.rows_in,
+            "rows_out": stage.rows_out,
+            "bytes_spilled": stage.bytes_spilled,
+            "peak_worker_rss": stage.peak_worker_rss,
+        }
+        for stage in result.stages
+    ]
+    return {"rows_out": result.rows, "stages": stages}
+
+
+class StageTimer(logging.Handler):
+    """Times keel's stages from the runner's log record at the end of each stage."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.seconds: list[float] = []
+        self._last = time.perf_counter()
+        runner_log = logging.getLogger("keel.flow.runner")
+        runner_log.addHandler(self)
+        runner_log.setLevel(logging.INFO)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("stage "):
+            now = time.perf_counter()
+            self.seconds.append(now - self._last)
+            self._last = now
+
+
+def run_duckdb(glob: str, target: Path) -> dict:
+    import duckdb
+
+    target.mkdir(parents=True)
+    connection = duckdb.connect(config={"threads": THREADS})
+    path = target / "part-0.parquet"
+    connection.execute(DUCKDB_SQL.format(glob=glob, target=path))
+    return {"rows_out": pq.ParquetFile(path).metadata.num_rows}
+
+
+def run_polars(glob: str, target: Path) -> dict:
+    import polars as pl
+
+    target.mkdir(parents=True)
+    path = target / "part-0.parquet"
+    (
+        pl.scan_parquet(glob)
+        .unique(subset="id", keep="first", maintain_order=True)
+        .sink_parquet(path, compression="zstd")
+    )
+    return {"rows_out": pq.ParquetFile(path).metadata.num_rows, "threads": pl.thread_pool_size()}
+
+
+RUNNERS = {"keel": run_keel, "duckdb": run_duckdb, "polars": run_polars}
+
+
+def contender_main(name: str, glob: str, target: Path) -> None:
+    """Inside the subprocess: run one contender, print its timing and counters as JSON."""
+    started = time.perf_counter()
+    report = RUNNERS[name](glob, target)
+    report["seconds"] = time.perf_counter() - started
+    print(json.dumps(report))
+
+
+# -- the parent: subprocesses, memory sampling, checks, table -------------------------------
+
+
+def sample_tree(process: psutil.Process, peaks: dict, stop: threading.Event) -> None:
+    """Until `stop`: the peak of the summed RSS of `process` and its descendants, and of the
+    largest single one, into `peaks`."""
+    while not stop.is_set():
+        rss = []
+        try:
+            members = [process, *process.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for member in members:
+            try:
+                rss.append(member.memory_info().rss)
+            except psutil.NoSuchProcess:
+                continue
+        if rss:
+            peaks["tree"] = max(peaks["tree"], sum(rss))
+            peaks["single"] = max(peaks["single"], max(rss))
+        stop.wait(SAMPLE_SECONDS)
+
+
+def run_contender(name: str, glob: str, target: Path) -> dict:
+    """One run of `name` in a fresh subprocess; its report plus peak RSS of its process tree."""
+    shutil.rmtree(target, ignore_errors=True)
+    environment = {**os.environ, "POLARS_MAX_THREADS": str(THREADS)}
+    command = [sys.executable, __file__, "--contender", name, "--glob", glob, "--target", target]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, env=environment, text=True)
+    peaks = {"tree": 0, "single": 0}
+    stop = threading.Event()
+    sampler = threading.Thread(target=sample_tree, args=(psutil.Process(child.pid), peaks, stop))
+    sampler.start()
+    output, _ = child.communicate()
+    stop.set()
+    sampler.join()
+    if child.returncode != 0:
+        raise SystemExit(f"{name} failed with exit code {child.returncode}")
+    report = json.loads(output.strip().splitlines()[-1])
+    return {**report, "peak_tree_rss": peaks["tree"], "peak_single_rss": peaks["single"]}
+
+
+def check_output(name: str, target: Path, expected: pa.Table) -> None:
+    """The output must hold exactly the first occurrences: same ids, each with its source."""
+    kept = pq.read_table(target, columns=["id", "source"]).sort_by("id")
+    kept = kept.cast(pa.schema([("id", pa.string()), ("source", pa.string())]))  # polars: large
+    if kept.num_rows != expected.num_rows:
+        raise SystemExit(f"{name}: {kept.num_rows:,} rows, expected {expected.num_rows:,}")
+    if not kept.column("id").equals(expected.column("id")):
+        raise SystemExit(f"{name}: the set of ids differs from the expected one")
+    if not kept.column("source").equals(expected.column("source")):
+        raise SystemExit(f"{name}: some kept rows are not the first occurrence of their id")
+
+
+def benchmark(directory: Path, meta: dict, repeats: int) -> dict[str, list[dict]]:
+    glob = str(directory / "data" / "*.parquet")
+    expected = pq.read_table(directory / "expected.parquet").sort_by("id")
+    runs: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
+    for repeat in range(repeats):
+        for name in CONTENDERS:
+            target = directory / "out" / name
+            run = run_contender(name, glob, target)
+            check_output(name, target, expected)
+            runs[name].append(run)
+            print(
+                f"repeat {repeat + 1}/{repeats} {name}: {run['seconds']:.1f} s, "
+                f"peak tree RSS {run['peak_tree_rss'] / MB:,.0f} MB, {run['rows_out']:,} rows out",
+                flush=True,
+            )
+    shutil.rmtree(directory / "out", ignore_errors=True)
+    return runs
+
+
+def medians(runs: list[dict], docs: int) -> dict:
+    seconds = statistics.median(run["seconds"] for run in runs)
+    return {
+        "seconds": seconds,
+        "rows_per_second": docs / seconds,
+        "peak_tree_mb": statistics.median(run["peak_tree_rss"] for run in runs) / MB,
+        "peak_single_mb": statistics.median(run["peak_single_rss"] for run in runs) / MB,
+    }
+
+
+def table(summary: dict[str, dict]) -> str:
+    lines = [
+        "| contender | seconds | rows/s | peak RSS, tree (MB) | peak RSS, largest process (MB) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in summary.items():
+        lines.append(
+            f"| {name} | {row['seconds']:.1f} | {row['rows_per_second']:,.0f} | "
+            f"{row['peak_tree_mb']:,.0f} | {row['peak_single_mb']:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def ratios(summary: dict[str, dict]) -> str:
+    keel = summary["keel"]
+    lines = []
+    for other in ("duckdb", "polars"):
+        time_ratio = keel["seconds"] / summary[other]["seconds"]
+        memory_ratio = keel["peak_tree_mb"] / summary[other]["peak_tree_mb"]
+        lines.append(f"- keel/{other}: time {time_ratio:.2f}x, peak memory {memory_ratio:.2f}x")
+    duckdb = summary["duckdb"]
+    met = (
+        keel["seconds"] <= 2 * duckdb["seconds"] and keel["peak_tree_mb"] <= duckdb["peak_tree_mb"]
+    )
+    lines.append(
+        f"- target (within 2x of DuckDB's time at no more than its peak memory): "
+        f"{'met' if met else 'NOT met'}"
+    )
+    return "\n".join(lines)
+
+
+def versions() -> str:
+    import duckdb
+    import polars
+
+    memory = psutil.virtual_memory().total / 2**30
+    return (
+        f"{os.cpu_count()} cores, {memory:.1f} GiB RAM, Python {platform.python_version()}, "
+        f"pyarrow {pa.__version__}, duckdb {duckdb.__version__}, polars {polars.__version__}"
+    )
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--docs", type=int, default=2_000_000, help="documents (rows) in total")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per contender")
+    parser.add_argument(
+        "--out", type=Path, default=Path("/tmp/keel-flow-bench"), help="input cache and outputs"
+    )
+    parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--glob", help=argparse.SUPPRESS)
+    parser.add_argument("--target", type=Path, help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def main() -> None:
+    arguments = parse_arguments()
+    if arguments.contender:
+        contender_main(arguments.contender, arguments.glob, arguments.target)
+        return
+    meta = ensure_input(arguments.out, arguments.docs)
+    runs = benchmark(arguments.out, meta, arguments.repeats)
+    summary = {name: medians(runs[name], meta["docs"]) for name in CONTENDERS}
+    record = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": versions(),
+        "input": meta,
+        "summary": summary,
+        "runs": runs,
+    }
+    (arguments.out / "results.json").write_text(json.dumps(record, indent=1))
+    print(f"\n{versions()}")
+    print(
+        f"input: {meta['docs']:,} docs ({meta['unique']:,} unique), "
+        f"{meta['text_bytes'] / MB:,.0f} MB of text, {meta['file_bytes'] / MB:,.0f} MB of Parquet"
+    )
+    print(f"medians of {arguments.repeats} runs:\n\n{table(summary)}\n\n{ratios(summary)}")
+
+
+if __name__ == "__main__":
+    main()
