@@ -39,6 +39,7 @@ from keel.flow.tasks import (
     SourceInput,
     Task,
     TaskResult,
+    stage_dir,
 )
 
 logger = logging.getLogger(__name__)
@@ -132,6 +133,8 @@ def execute(
                 result.stages.append(counters)
                 for task_result in results:
                     result.skipped.merge(task_result.skipped)
+                if stage.reduce is not None:  # its input, the previous shuffle, is spent
+                    paths.remove_tree(stage_dir(run_dir, stage.index - 1))
                 if stage.shuffle is not None:
                     inputs = _partitions(results, stage.shuffle)
                 else:

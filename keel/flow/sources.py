@@ -20,7 +20,8 @@ COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
 
 @dataclass(frozen=True)
 class FileSource:
-    """One shard per file, read in chunks by the reader for `format` ("jsonl" or "parquet")."""
+    """One shard per file, read in chunks by the reader for `format` ("jsonl" or "parquet");
+    `columns` and `filter` apply to Parquet, where the reader pushes them down."""
 
     files: tuple[str, ...]
     format: str
@@ -40,13 +41,9 @@ class FileSource:
     def read(self, shard: int, chunk_rows: int, skipped: SkipLog) -> Iterator[pa.RecordBatch]:
         path = self.files[shard]
         if self.format == "jsonl":
-            batches = read_jsonl(path, chunk_rows=chunk_rows, lenient=self.lenient, skipped=skipped)
-            if self.columns is None and self.filter is None:
-                yield from batches
-                return
-            for batch in batches:
-                batch = batch.filter(self.filter) if self.filter is not None else batch
-                yield batch.select(list(self.columns)) if self.columns else batch
+            yield from read_jsonl(
+                path, chunk_rows=chunk_rows, lenient=self.lenient, skipped=skipped
+            )
             return
         yield from read_parquet(
             path,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from keel.core import paths
-from keel.flow.keys import HIDDEN_COLUMNS
+from keel.flow.keys import HIDDEN_COLUMNS, KEY_COLUMN
 from keel.flow.ops import (
     Deduplicate,
     GroupBy,
@@ -118,6 +118,11 @@ class TaskResult:
     skipped: SkipLog = field(default_factory=lambda: SkipLog({}, []))
 
 
+def stage_dir(work_dir: str, stage: int) -> str:
+    """Where the attempts of one stage's tasks write: `{work_dir}/stage-NNN`."""
+    return paths.join(work_dir, f"stage-{stage:03d}")
+
+
 @dataclass(frozen=True)
 class Task:
     stage: int
@@ -140,9 +145,7 @@ class Task:
         return f"stage {self.stage} ({self.stage_name}) task {self.index} ({where})"
 
     def attempt_dir(self, attempt: int) -> str:
-        return paths.join(
-            self.work_dir, f"stage-{self.stage:03d}", f"task-{self.index:05d}-a{attempt}"
-        )
+        return paths.join(stage_dir(self.work_dir, self.stage), f"task-{self.index:05d}-a{attempt}")
 
     def run(self, attempt: int) -> TaskResult:
         directory = self.attempt_dir(attempt)
@@ -193,7 +196,7 @@ class Task:
             for batch in read_segments(shuffle.segments):
                 yield _visible(batch)
             return
-        key_name = reduce.key if isinstance(reduce.key, str) else HIDDEN_COLUMNS[0]
+        key_name = reduce.key if isinstance(reduce.key, str) else KEY_COLUMN
         spill = paths.join(directory, "reduce-spill")
         for table in partition_tables(shuffle.segments, self.settings.memory_budget, spill):
             if table.num_rows == 0:
