@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -61,7 +62,10 @@ class StageCounters:
     bytes_spilled: int = 0
     retries: int = 0
     peak_worker_rss: int = 0
-    """The largest peak resident memory (bytes) of any worker that ran a task of this stage."""
+    """The largest peak resident memory (bytes) of a worker that ran a task of this stage, since
+    that worker started (workers are reused, so it includes earlier stages of the same pool)."""
+    seconds: float = 0.0
+    """Wall-clock time of the stage."""
 
 
 @dataclass
@@ -205,7 +209,9 @@ def _run_stage(backend, stage, tasks, retries, progress):
                 description=f"stage {stage.index}: {stage.name} ({counters.rows_out:,} rows out)",
             )
 
+    began = time.monotonic()
     results = backend.run(tasks, retries=retries, on_done=done) if tasks else []
+    counters.seconds = time.monotonic() - began
     logger.info(
         "stage %d (%s): %d tasks, %d rows in, %d out, %d bytes spilled, %d retries",
         stage.index,
