@@ -1,3 +1,4 @@
-"""Layer 2: DataKit stages (ingest, extract, quality, dedup, decontamination, mixing,
-tokenization). Built by the DataKit issue.
+"""Layer 2: DataKit, raw documents -> deduplicated, decontaminated training tokens, on keel/flow.
+
+See docs/data.md. documents.py holds the document-set format every stage reads and writes.
 """

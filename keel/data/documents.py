@@ -1,0 +1,96 @@
+"""Document sets: the format every DataKit stage reads and writes, and its shared helpers.
+
+A document set is a directory of zstd Parquet files `part-00000-of-00008.parquet` (keel/flow's
+output) with at least
+    id      32 hex chars: xxh3-128 of the text, so the same text always gets the same id
+    text    UTF-8, normalized (NFC, "\\n" newlines, no control characters but tab and newline)
+    source  where the document came from (a file, a dataset name)
+plus optional `url` and attribute columns added by stages (scores, language, cluster, ...).
+
+A stage's output directory holds its kept documents as part files, then its side tables
+(removed.parquet, contaminated.parquet, ...) and `stage.json`, written after the documents
+(keel/flow commits the part files by replacing the directory). `stage.json` says documents in
+and out, and the dropped documents counted by reason with a sample of their ids: every dropped
+document is accounted for.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import xxhash
+
+from keel.core import paths
+
+ID_COLUMN = "id"
+TEXT_COLUMN = "text"
+SOURCE_COLUMN = "source"
+URL_COLUMN = "url"
+STAGE_FILE = "stage.json"
+DROPPED_SAMPLE = 20
+"""Dropped ids kept per reason in stage.json."""
+
+_NEWLINES = re.compile(r"\r\n?|[\u2028\u2029\x85\x0b\x0c]")
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+
+
+def document_id(text: str) -> str:
+    """The id of a document: xxh3-128 of its UTF-8 text, as 32 lowercase hex characters."""
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8"))
+
+
+def normalize_text(text: str) -> str:
+    """NFC, every newline convention to "\\n", control characters other than tab and newline
+    removed, trailing whitespace of the whole text stripped."""
+    text = unicodedata.normalize("NFC", text)
+    text = _NEWLINES.sub("\n", text)
+    return _CONTROL.sub("", text).rstrip()
+
+
+@dataclass
+class StageReport:
+    """What a stage did to a document set: written as stage.json beside its output."""
+
+    stage: str
+    documents_in: int = 0
+    documents_out: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    """Reason -> documents dropped for it; sums to documents_in - documents_out."""
+    dropped_sample: dict[str, list[str]] = field(default_factory=dict)
+    """Reason -> up to DROPPED_SAMPLE ids dropped for it."""
+    details: dict = field(default_factory=dict)
+
+    def drop(self, reason: str, ids: Sequence[str] = (), count: int | None = None) -> None:
+        """Count documents dropped for `reason` (`count`, default len(ids)) and sample their ids."""
+        self.dropped[reason] = self.dropped.get(reason, 0) + (len(ids) if count is None else count)
+        sample = self.dropped_sample.setdefault(reason, [])
+        sample.extend(ids[: max(0, DROPPED_SAMPLE - len(sample))])
+
+    def write(self, directory: str) -> None:
+        paths.write_text(paths.join(directory, STAGE_FILE), json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def read(cls, directory: str) -> StageReport:
+        return cls(**json.loads(paths.read_text(paths.join(directory, STAGE_FILE))))
+
+
+def parquet_glob(directory_or_glob: str) -> str:
+    """A document set directory -> the glob of its document parts (`part-*.parquet`, so side
+    tables such as removed.parquet are not read as documents); a glob or a file stays as is."""
+    if any(char in directory_or_glob for char in "*?[") or directory_or_glob.endswith(
+        (".parquet", ".jsonl", ".gz", ".zst", ".json")
+    ):
+        return directory_or_glob
+    return paths.join(directory_or_glob, "part-*.parquet")
+
+
+def merged_counts(counts: Sequence[Mapping[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for mapping in counts:
+        for key, value in mapping.items():
+            total[key] = total.get(key, 0) + value
+    return total
