@@ -1,0 +1,43 @@
+"""DataKit stages as keel steps: `data_step("dedup", run_fuzzy_dedup, output_of(prev), config)`.
+
+Every stage has the same entry point, `run(input, output, config, options) -> StageReport`, so one
+wrapper makes any of them a step: its config is the input (a path, a glob, or `output_of(step)`)
+and the stage's own config dataclass, so both are part of the step's identity. The flow backend
+and worker count are not (the output is the same whichever runs it): they come from
+$KEEL_FLOW_BACKEND and the machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from keel.data.documents import StageReport
+from keel.steps import Step
+
+StageRun = Callable[..., StageReport]
+"""run(input, output, config, options=None) -> StageReport."""
+
+
+@dataclass(frozen=True)
+class StageInput:
+    """A step's config: where its documents come from, and the stage's own settings."""
+
+    input: Any
+    stage: Any
+
+
+@dataclass(frozen=True)
+class _RunStage:
+    run: StageRun
+
+    def __call__(self, config: StageInput, output: str) -> None:
+        self.run(config.input, output, config.stage)
+
+
+def data_step(
+    name: str, run: StageRun, input: Any, config: Any, version: str | None = None
+) -> Step:
+    """A step that runs a DataKit stage over `input` into its output directory."""
+    return Step(name, _RunStage(run), StageInput(input, config), version)
