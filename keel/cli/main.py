@@ -8,7 +8,7 @@ import os
 import typer
 
 from keel import __version__
-from keel.cli import steps_commands
+from keel.cli import data_commands, steps_commands
 from keel.core.log import setup_logging
 
 app = typer.Typer(
@@ -21,6 +21,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 steps_commands.register(app)
+data_commands.register(app)
 
 
 def _version(show: bool) -> None:

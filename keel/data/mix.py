@@ -58,6 +58,7 @@ class SourcePlan:
     tokens_available: int
     tokens_target: int
     epochs: float
+    documents_available: int = 0
     documents_taken: int = 0
     tokens_taken: int = 0
 
@@ -79,6 +80,7 @@ def run_mix(config: MixConfig, output: str, options: RunOptions | None = None) -
     combined = FlowResult()
     for index, (source, plan) in enumerate(zip(config.sources, plans, strict=True)):
         result = _take(source, plan, config, paths.join(staging, f"{index:03d}"), options)
+        plan.documents_available = result.stages[0].rows_in
         plan.documents_taken = result.rows
         combined.files.extend(result.files)
     plan_tokens = _taken_tokens(combined.files, config.bytes_per_token)
@@ -86,7 +88,11 @@ def run_mix(config: MixConfig, output: str, options: RunOptions | None = None) -
         plan.tokens_taken = plan_tokens.get(plan.name, 0)
     commit_files(combined, output)
     paths.remove_tree(staging)
-    report = StageReport("mix", documents_out=sum(p.documents_taken for p in plans))
+    report = StageReport(
+        "mix",
+        documents_in=sum(plan.documents_available for plan in plans),
+        documents_out=sum(plan.documents_taken for plan in plans),
+    )
     report.details = {"sources": [asdict(plan) for plan in plans]}
     paths.write_text(paths.join(output, MIX_FILE), json.dumps(report.details, indent=2))
     report.write(output)
