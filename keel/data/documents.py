@@ -78,9 +78,16 @@ class StageReport:
         return cls(**json.loads(paths.read_text(paths.join(directory, STAGE_FILE))))
 
 
-def parquet_glob(directory_or_glob: str) -> str:
+def parquet_glob(directory_or_glob: str | Sequence[str]) -> str | list[str]:
     """A document set directory -> the glob of its document parts (`part-*.parquet`, so side
-    tables such as removed.parquet are not read as documents); a glob or a file stays as is."""
+    tables such as removed.parquet are not read as documents); a glob or a file stays as is.
+    Several inputs (a list or tuple) give a list of globs, which keel/flow reads as one set."""
+    if not isinstance(directory_or_glob, str):
+        return [_glob_of(str(item)) for item in directory_or_glob]
+    return _glob_of(directory_or_glob)
+
+
+def _glob_of(directory_or_glob: str) -> str:
     if any(char in directory_or_glob for char in "*?[") or directory_or_glob.endswith(
         (".parquet", ".jsonl", ".gz", ".zst", ".json")
     ):
