@@ -8,6 +8,7 @@ its stage; narrow operations after it still run in that stage, on the sorted row
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -133,7 +134,11 @@ def _name(op: object) -> str:
 
 
 def _fn(fn: object) -> str:
-    return getattr(fn, "__qualname__", None) or str(fn)
+    """A function's name for plans and logs: partials by their function, never their arguments
+    (which may be a whole model)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
 def _key(key: object) -> str:
