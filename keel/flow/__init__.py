@@ -7,7 +7,7 @@ from keel.flow.backends import TaskFailedError
 from keel.flow.backends.local import LocalBackend
 from keel.flow.dataset import Dataset, from_files, from_items, read_jsonl, read_parquet
 from keel.flow.readers import MalformedInputError, SkipLog
-from keel.flow.runner import FlowResult, RunOptions, StageCounters
+from keel.flow.runner import FlowResult, RunOptions, StageCounters, pooled
 from keel.flow.tasks import Settings
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "TaskFailedError",
     "from_files",
     "from_items",
+    "pooled",
     "read_jsonl",
     "read_parquet",
 ]

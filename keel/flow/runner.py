@@ -8,6 +8,8 @@ directory that is then committed atomically (core.commit), with a `_SUCCESS` mar
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -15,7 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -152,6 +154,22 @@ def execute(
         else:
             paths.remove_tree(run_dir)
     return result
+
+
+@contextlib.contextmanager
+def pooled(options: RunOptions | None = None) -> Iterator[RunOptions]:
+    """`options` with its backend started once, for a job of several runs (a stage with more
+    than one pass): worker processes start once instead of once per run. A backend object the
+    caller passed is used as it is and left open."""
+    options = options or RunOptions()
+    if not isinstance(options.backend, str):
+        yield options
+        return
+    backend = make_backend(options.backend, options.workers, options.ray_address)
+    try:
+        yield dataclasses.replace(options, backend=backend)
+    finally:
+        backend.close()
 
 
 def commit_files(result: FlowResult, directory: str) -> None:

@@ -1,0 +1,188 @@
+"""Threshold filters over attribute columns: language, the Gopher heuristics, the quality score.
+
+run_quality computes the attributes once; run_filter only compares them with thresholds, so an
+ablation changes a threshold, not the data:
+
+    from dataclasses import replace
+
+    from keel.data.filter import FilterConfig, run_filter
+
+    run_filter("scored/", "kept/")  # Gopher thresholds, English
+    run_filter("scored/", "kept_q/", replace(FilterConfig(), min_quality_score=0.5))
+
+Each config field is a rule: `languages` (the allowed values of `language`; None allows all), and
+`min_<column>` / `max_<column>`, a document keeps when column >= min and column <= max (both
+inclusive); None switches a rule off, and a null or NaN value fails it. Rules run in field order,
+and a dropped document is counted under the FIRST rule it fails (its field name is the reason), so
+the reasons partition the dropped documents but a later rule's count depends on the earlier ones.
+
+Output directory: the kept documents (part-*.parquet, in input order, every column kept), then
+stage.json with the drops by reason and a sample of their ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from keel.core.config import to_dict
+from keel.core.errors import UsageError
+from keel.data import documents
+from keel.data.langid import LANGUAGE_COLUMN
+from keel.flow import RunOptions, read_parquet
+from keel.flow.ops import Row
+
+STAGE = "filter"
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    """Thresholds: defaults are Gopher's (Rae et al. 2021, appendix A), English only, and no
+    quality threshold. See heuristics.py for what each column measures."""
+
+    languages: tuple[str, ...] | None = ("en",)
+    """Allowed values of `language` (ISO 639 codes); None: any language."""
+    min_language_score: float | None = None
+    """Lowest `language_score` (probability of the identified language, 0..1)."""
+    min_word_count: int | None = 50
+    max_word_count: int | None = 100_000
+    min_mean_word_length: float | None = 3.0
+    """Characters per word."""
+    max_mean_word_length: float | None = 10.0
+    max_hash_to_word_ratio: float | None = 0.1
+    max_ellipsis_to_word_ratio: float | None = 0.1
+    max_bullet_line_fraction: float | None = 0.9
+    max_ellipsis_line_fraction: float | None = 0.3
+    min_alpha_word_fraction: float | None = 0.8
+    min_stop_word_count: int | None = 2
+    """Distinct Gopher stop words (the, be, to, of, and, that, have, with) present."""
+    max_duplicate_line_fraction: float | None = 0.3
+    max_duplicate_line_char_fraction: float | None = 0.2
+    max_top_2gram_char_fraction: float | None = 0.2
+    max_top_3gram_char_fraction: float | None = 0.18
+    max_top_4gram_char_fraction: float | None = 0.16
+    min_quality_score: float | None = None
+    """Lowest `quality_score` (the classifier's probability of the positive class, 0..1)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One active threshold: documents whose `column` fails it are dropped with reason `name`."""
+
+    name: str
+    column: str
+    kind: str
+    """"in" (value in bound), "min" (value >= bound) or "max" (value <= bound)."""
+    bound: float | tuple[str, ...]
+
+
+def rules(config: FilterConfig) -> list[Rule]:
+    """The active rules of a config, in the order they are checked."""
+    active = []
+    for field in dataclasses.fields(config):
+        bound = getattr(config, field.name)
+        if bound is None:
+            continue
+        if field.name == "languages":
+            active.append(Rule(field.name, LANGUAGE_COLUMN, "in", tuple(bound)))
+        else:
+            kind, column = field.name.split("_", 1)
+            active.append(Rule(field.name, column, kind, float(bound)))
+    return active
+
+
+def first_failed_rule(batch: pa.RecordBatch | pa.Table, active: Sequence[Rule]) -> np.ndarray:
+    """Per row: the index in `active` of the first rule it fails, or -1 when it passes all
+    (int64 [rows])."""
+    failed = np.full(batch.num_rows, -1, dtype=np.int64)
+    for index, rule in enumerate(active):
+        values = batch.column(rule.column)
+        if rule.kind == "in":
+            passed = pc.is_in(values, value_set=pa.array(rule.bound, pa.string()))
+        elif rule.kind == "min":
+            passed = pc.greater_equal(values, rule.bound)
+        else:
+            passed = pc.less_equal(values, rule.bound)
+        passed = pc.fill_null(passed, False).to_numpy(zero_copy_only=False)
+        failed[(failed < 0) & ~passed] = index
+    return failed
+
+
+def run_filter(
+    input: str,
+    output: str,
+    config: FilterConfig = FilterConfig(),
+    options: RunOptions | None = None,
+) -> documents.StageReport:
+    """Keep the documents of `input` that pass every rule of `config`, into `output`."""
+    active = rules(config)
+    glob = documents.parquet_glob(input)
+    schema = read_parquet(glob).source.schema
+    missing = [rule for rule in active if schema is not None and rule.column not in schema.names]
+    if missing:
+        raise UsageError(
+            f"{input} has no column {missing[0].column!r}, which FilterConfig.{missing[0].name} "
+            "needs: add the attribute columns with keel.data.quality.run_quality, or set "
+            f"{missing[0].name}=None"
+        )
+    columns = [documents.ID_COLUMN, *dict.fromkeys(rule.column for rule in active)]
+
+    def drops_by_reason(batch: pa.RecordBatch) -> pa.RecordBatch:
+        return _drops_by_reason(batch, active)
+
+    def passing(batch: pa.RecordBatch) -> pa.RecordBatch:
+        return batch.filter(pa.array(first_failed_rule(batch, active) < 0))
+
+    drops = (
+        read_parquet(glob, columns=columns)
+        .map_batches(drops_by_reason)
+        .group_by("reason", _merge_drops, num_shards=1)
+        .to_table(options)
+    )
+    written = read_parquet(glob).map_batches(passing).write_parquet(output, options=options)
+    report = documents.StageReport(
+        STAGE,
+        documents_in=written.stages[0].rows_in,
+        documents_out=written.rows,
+        details={"config": to_dict(config)},
+    )
+    found = {row["reason"]: row for row in drops.to_pylist()}
+    for rule in active:
+        if rule.name in found:
+            report.drop(rule.name, found[rule.name]["ids"], count=found[rule.name]["count"])
+    if sum(report.dropped.values()) != report.documents_in - report.documents_out:
+        raise RuntimeError(f"filter drop counts {report.dropped} do not add up: {report}")
+    report.write(output)
+    return report
+
+
+_DROPS_SCHEMA = pa.schema(
+    [("reason", pa.string()), ("count", pa.int64()), ("ids", pa.list_(pa.string()))]
+)
+
+
+def _drops_by_reason(batch: pa.RecordBatch, active: Sequence[Rule]) -> pa.RecordBatch:
+    """One row per reason with drops in this batch: the reason, how many, the first ids."""
+    failed = first_failed_rule(batch, active)
+    ids = batch.column(documents.ID_COLUMN)
+    rows = []
+    for index, rule in enumerate(active):
+        dropped = np.flatnonzero(failed == index)
+        if len(dropped):
+            sample = ids.take(pa.array(dropped[: documents.DROPPED_SAMPLE])).to_pylist()
+            rows.append({"reason": rule.name, "count": len(dropped), "ids": sample})
+    return pa.RecordBatch.from_pylist(rows, schema=_DROPS_SCHEMA)
+
+
+def _merge_drops(reason: str, rows: list[Row]) -> Row:
+    """group_by reducer: per-batch drop counts of one reason, in input order -> their sum and the
+    first ids."""
+    ids: list[str] = []
+    for row in rows:
+        ids.extend(row["ids"][: documents.DROPPED_SAMPLE - len(ids)])
+    return {"reason": reason, "count": sum(row["count"] for row in rows), "ids": ids}

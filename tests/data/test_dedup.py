@@ -1,0 +1,226 @@
+"""Exact and fuzzy dedup on real files: what they remove, what they write, and that they are
+deterministic. The labelled near-duplicate set comes from benchmarks/dedup_bench.py (built from the
+WikiText-2 articles bundled with keel)."""
+
+import importlib.util
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from keel.core.errors import UsageError
+from keel.data import minhash
+from keel.data.dedup import ExactDedupConfig, run_exact_dedup
+from keel.data.documents import StageReport, document_id
+from keel.data.fuzzy import FuzzyDedupConfig, run_fuzzy_dedup
+from keel.flow import LocalBackend, RunOptions
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "dedup_bench.py"
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("dedup_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["dedup_bench"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with LocalBackend(workers=2) as backend:
+        yield RunOptions(backend=backend)
+
+
+@pytest.fixture(scope="module")
+def labelled():
+    return bench.build_labelled_set(bench.articles_from_sample(), seed=0)
+
+
+@pytest.fixture(scope="module")
+def labelled_dir(labelled, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("labelled") / "docs"
+    bench.write_documents(labelled.rows, directory)
+    return directory
+
+
+def _write(rows, directory: Path, files: int = 2) -> str:
+    bench.write_documents(rows, directory, files)
+    return str(directory)
+
+
+def _doc(text: str, source: str) -> dict:
+    return {"id": document_id(text), "text": text, "source": source}
+
+
+def _removed(directory: Path) -> list[dict]:
+    return pq.read_table(directory / "removed.parquet").to_pylist()
+
+
+def _kept(directory: Path) -> list[dict]:
+    return pq.read_table(sorted(directory.glob("part-*.parquet"))).to_pylist()
+
+
+# -- exact ------------------------------------------------------------------------------------
+
+
+def test_exact_dedup_removes_exactly_the_planted_copies(labelled, tmp_path, pool):
+    rng = random.Random(1)
+    rows = [dict(row, source=f"doc-{n}") for n, row in enumerate(labelled.rows[:300])]
+    for n, original in enumerate(rng.sample(rows, 60)):  # copies land after their original
+        position = rng.randint(rows.index(original) + 1, len(rows))
+        rows.insert(position, dict(original, source=f"copy-{n}"))
+    source = _write(rows, tmp_path / "in")
+    report = run_exact_dedup(source, str(tmp_path / "out"), options=pool)
+
+    removed = {(row["id"], row["source"]) for row in _removed(tmp_path / "out")}
+    planted = {(row["id"], row["source"]) for row in rows if row["source"].startswith("copy")}
+    hits = len(removed & planted)
+    precision, recall = hits / len(removed), hits / len(planted)
+    assert (precision, recall) == (1.0, 1.0), f"precision {precision:.3f}, recall {recall:.3f}"
+    kept = _kept(tmp_path / "out")
+    assert sorted(row["source"] for row in kept) == sorted(f"doc-{n}" for n in range(300))
+    assert (report.documents_in, report.documents_out) == (360, 300)
+
+
+def test_exact_dedup_writes_removed_rows_and_stage_json(tmp_path, pool):
+    rows = [_doc("a b c", "s0"), _doc("d e f", "s1"), _doc("a b c", "s2"), _doc("a b c", "s3")]
+    run_exact_dedup(_write(rows, tmp_path / "in"), str(tmp_path / "out"), options=pool)
+    assert _removed(tmp_path / "out") == [
+        {"id": document_id("a b c"), "duplicate_of": document_id("a b c"), "similarity": 1.0,
+         "source": source}
+        for source in ("s2", "s3")
+    ]  # fmt: skip
+    stage = json.loads((tmp_path / "out" / "stage.json").read_text())
+    assert stage["stage"] == "exact_dedup"
+    assert (stage["documents_in"], stage["documents_out"]) == (4, 2)
+    assert stage["dropped"] == {"exact_duplicate": 2}
+    assert stage["dropped_sample"] == {"exact_duplicate": [document_id("a b c")] * 2}
+    assert StageReport.read(str(tmp_path / "out")).dropped == {"exact_duplicate": 2}
+
+
+def test_input_without_ids_gets_them_from_the_text(tmp_path, pool):
+    rows = [{"text": text, "source": "s"} for text in ("one two", "three", "one two")]
+    run_exact_dedup(_write(rows, tmp_path / "in", 1), str(tmp_path / "out"), options=pool)
+    kept = _kept(tmp_path / "out")
+    assert sorted(row["id"] for row in kept) == sorted(
+        [document_id("one two"), document_id("three")]
+    )
+    assert [row["id"] for row in _removed(tmp_path / "out")] == [document_id("one two")]
+
+
+# -- fuzzy ------------------------------------------------------------------------------------
+
+
+def test_fuzzy_dedup_finds_the_labelled_near_duplicates(labelled, labelled_dir, tmp_path, pool):
+    report = run_fuzzy_dedup(str(labelled_dir), str(tmp_path / "out"), options=pool)
+    removed = {row["id"] for row in _removed(tmp_path / "out")}
+    score = bench.scores(removed, labelled.duplicates)
+    summary = (
+        f"precision {score['precision']:.3f}, recall {score['recall']:.3f}, F1 {score['f1']:.3f} "
+        f"({len(removed)} removed, {len(labelled.duplicates)} true, {len(labelled.rows)} docs)"
+    )
+    assert score["f1"] >= 0.95, summary
+    assert report.documents_out == len(labelled.rows) - len(removed)
+
+
+@pytest.mark.parametrize("stage", [run_fuzzy_dedup, run_exact_dedup])
+def test_one_and_two_workers_write_the_same_files(stage, labelled_dir, tmp_path, pool):
+    outputs = []
+    with LocalBackend(workers=1) as single:
+        for name, options in (("w1", RunOptions(backend=single)), ("w2", pool)):
+            stage(str(labelled_dir), str(tmp_path / name), options=options)
+            outputs.append({p.name: p.read_bytes() for p in sorted((tmp_path / name).iterdir())})
+    assert outputs[0] == outputs[1]
+    assert {"removed.parquet", "stage.json", "part-00000-of-00002.parquet"} <= set(outputs[0])
+
+
+def test_fuzzy_dedup_writes_removed_rows_and_stage_json(labelled, tmp_path, pool):
+    original = next(row for row in labelled.rows if row["source"] == "original")
+    words = original["text"].split()
+    near = " ".join(words[:-20])  # the last 20 words dropped
+    prefixed = " ".join(["extra"] * 8 + words[:-20])  # and 8 words added in front
+    rows = [
+        dict(original, source="first"),
+        _doc("an unrelated document about something else entirely, and short", "other"),
+        _doc(near, "near"),
+        _doc(prefixed, "prefixed"),
+    ]
+    run_fuzzy_dedup(_write(rows, tmp_path / "in"), str(tmp_path / "out"), options=pool)
+
+    removed = _removed(tmp_path / "out")
+    assert [(row["id"], row["duplicate_of"], row["source"]) for row in removed] == [
+        (document_id(near), original["id"], "near"),
+        (document_id(prefixed), original["id"], "prefixed"),
+    ]
+    signature = minhash.signatures(pa.array([original["text"], near, prefixed]), 112, 5, 1)
+    expected = minhash.estimated_jaccard(signature[1:], signature[0])
+    assert [row["similarity"] for row in removed] == pytest.approx(list(expected))
+    assert all(0.8 < row["similarity"] < 1.0 for row in removed)
+    stage = json.loads((tmp_path / "out" / "stage.json").read_text())
+    assert (stage["stage"], stage["documents_in"], stage["documents_out"]) == ("fuzzy_dedup", 4, 2)
+    assert stage["dropped"] == {"near_duplicate": 2}
+    assert stage["dropped_sample"] == {"near_duplicate": [document_id(near), document_id(prefixed)]}
+    assert stage["details"]["config"]["num_perm"] == 112
+    assert {row["source"] for row in _kept(tmp_path / "out")} == {"first", "other"}
+
+
+def test_fuzzy_dedup_keeps_one_copy_of_a_repeated_id(tmp_path, pool):
+    text = " ".join(f"word{n}" for n in range(40))
+    rows = [_doc(text, "a"), _doc("something else entirely here", "b"), _doc(text, "c")]
+    run_fuzzy_dedup(_write(rows, tmp_path / "in"), str(tmp_path / "out"), options=pool)
+    assert [row["source"] for row in _removed(tmp_path / "out")] == ["c"]
+    assert sorted(row["source"] for row in _kept(tmp_path / "out")) == ["a", "b"]
+
+
+def test_short_documents_are_one_shingle_and_empty_ones_have_none():
+    texts = pa.array(["The cat sat.", "the CAT, sat", "the cat sits", "", "?!", None])
+    signature = minhash.signatures(texts, 112, 5, 1)
+    assert (signature[0] == signature[1]).all()  # same words after normalization
+    assert minhash.estimated_jaccard(signature[0], signature[2]) < 0.1
+    assert (signature[3:] == minhash.EMPTY).all()
+    keys = minhash.band_keys(signature[:3], 14, 8, 1)
+    assert keys.shape == (3, 14) and (keys[0] == keys[1]).all()
+
+
+def test_signature_estimates_jaccard():
+    rng = np.random.default_rng(0)
+    words = [f"w{n}" for n in rng.integers(0, 10_000, 400)]
+    edited = list(words)
+    for position in rng.choice(400, 12, replace=False):
+        edited[position] = "changed"
+    true = len(bench.shingle_set(" ".join(words)) & bench.shingle_set(" ".join(edited))) / len(
+        bench.shingle_set(" ".join(words)) | bench.shingle_set(" ".join(edited))
+    )
+    signature = minhash.signatures(pa.array([" ".join(words), " ".join(edited)]), 112, 5, 1)
+    assert minhash.estimated_jaccard(signature[0], signature[1]) == pytest.approx(true, abs=0.12)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"bands": 10}, "bands * rows must equal num_perm"),
+        ({"num_perm": 100}, "bands * rows must equal num_perm"),
+        ({"threshold": 0.0}, "threshold must be in (0, 1]"),
+        ({"threshold": 1.5}, "threshold must be in (0, 1]"),
+        ({"ngram": 0}, "ngram must be at least 1"),
+        ({"num_shards": 0}, "num_shards must be at least 1"),
+    ],
+)
+def test_fuzzy_config_rejects_bad_values(fields, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        FuzzyDedupConfig(**fields)
+
+
+def test_exact_config_rejects_bad_shards():
+    with pytest.raises(UsageError, match="num_shards must be at least 1"):
+        ExactDedupConfig(num_shards=0)
