@@ -9,10 +9,25 @@ import typer
 from rich.table import Table
 
 from keel.cli.output import print_json, stdout, user_errors
+from keel.core.config import apply_overrides
 from keel.core.errors import UsageError
+from keel.data.decontam import DecontamConfig, EvalSet, run_decontam
+from keel.data.dedup import ExactDedupConfig, run_exact_dedup
 from keel.data.documents import StageReport
+from keel.data.embed import EmbedConfig, run_embed
+from keel.data.extract import ExtractConfig, run_extract
+from keel.data.filter import FilterConfig, run_filter
+from keel.data.fuzzy import FuzzyDedupConfig, run_fuzzy_dedup
+from keel.data.ingest import IngestConfig, run_ingest
 from keel.data.mix import MixConfig, MixSource, run_mix
+from keel.data.quality import (
+    QualityConfig,
+    QualityTrainConfig,
+    run_quality,
+    train_quality_classifier,
+)
 from keel.data.stats import data_stats
+from keel.data.tokenize import TokenizeConfig, run_tokenize
 from keel.flow import RunOptions
 
 app = typer.Typer(
@@ -28,6 +43,9 @@ OUTPUT = typer.Option(..., "--output", "-o", help="Output directory (replaced at
 WORKERS = typer.Option(None, "--workers", help="keel/flow workers (default: all cores).")
 BACKEND = typer.Option("local", "--backend", help="keel/flow backend: local or ray.")
 JSON = typer.Option(False, "--json", help="Print the stage report as one JSON object.")
+SET = typer.Option(
+    [], "--set", help="Override any field of the stage's config: key=value (repeatable)."
+)
 
 
 def register(parent: typer.Typer) -> None:
@@ -68,6 +86,209 @@ def show_report(report: StageReport, output: str, as_json: bool) -> None:
     )
     for reason, count in sorted(report.dropped.items(), key=lambda item: -item[1]):
         stdout.print(f"  {reason}: {count:,}")
+
+
+def configured(config: object, overrides: list[str]) -> object:
+    """`config` with the command's --set overrides applied (type-checked, one-line errors)."""
+    return apply_overrides(config, overrides) if overrides else config
+
+
+@app.command("ingest")
+@user_errors
+def ingest_command(
+    input: str = INPUT,
+    output: str = OUTPUT,
+    format: str | None = typer.Option(None, "--format", help="jsonl, parquet, text or warc."),
+    text_field: str = typer.Option("text", "--text-field", help="Field holding the text."),
+    html_field: str | None = typer.Option(
+        None, "--html-field", help="Field holding raw HTML to extract the text from."
+    ),
+    source: str | None = typer.Option(None, "--source", help="The documents' source column."),
+    overrides: list[str] = SET,
+    workers: int | None = WORKERS,
+    backend: str = BACKEND,
+    as_json: bool = JSON,
+) -> None:
+    """Raw JSONL/Parquet/text/HTML/WARC files -> a normalized document set with ids.
+
+    Example: keel data ingest --input 'crawl/*.warc.gz' --output docs/ --workers 8
+    """
+    config = IngestConfig(
+        format=format, text_field=text_field, html_field=html_field, source=source
+    )
+    run_stage(run_ingest, input, output, configured(config, overrides), workers, backend, as_json)
+
+
+@app.command("extract")
+@user_errors
+def extract_command(
+    input: str = INPUT,
+    output: str = OUTPUT,
+    html_field: str = typer.Option("html", "--html-field", help="Column holding the HTML."),
+    overrides: list[str] = SET,
+    workers: int | None = WORKERS,
+    backend: str = BACKEND,
+    as_json: bool = JSON,
+) -> None:
+    """A document set with an HTML column -> main text, navigation and boilerplate removed.
+
+    Example: keel data extract --input pages/ --output text/
+    """
+    config = configured(ExtractConfig(html_field=html_field), overrides)
+    run_stage(run_extract, input, output, config, workers, backend, as_json)
+
+
+@app.command("train-quality")
+@user_errors
+def train_quality_command(
+    positive: str = typer.Option(..., "--positive", help="Document set of good documents."),
+    negative: str = typer.Option(..., "--negative", help="Document set of poor documents."),
+    model: str = typer.Option(..., "--model", help="Where to write the model file."),
+    overrides: list[str] = SET,
+    workers: int | None = WORKERS,
+    backend: str = BACKEND,
+) -> None:
+    """Train the quality classifier from a positive and a negative document set.
+
+    Example: keel data train-quality --positive wiki/ --negative crawl/ --model quality.model
+    """
+    config = configured(QualityTrainConfig(), overrides)
+    trained = train_quality_classifier(positive, negative, config, flow_options(workers, backend))
+    trained.save(model)
+    stdout.print(f"quality model written to {model}")
+
+
+@app.command("quality")
+@user_errors
+def quality_command(
+    input: str = INPUT,
+    output: str = OUTPUT,
+    model: str | None = typer.Option(None, "--model", help="A quality model file (optional)."),
+    overrides: list[str] = SET,
+    workers: int | None = WORKERS,
+    backend: str = BACKEND,
+    as_json: bool = JSON,
+) -> None:
+    """Add attribute columns: language, heuristics (Gopher), quality_score (with --model).
+
+    Example: keel data quality --input docs/ --output scored/ --model quality.model
+    """
+    config = configured(QualityConfig(model_path=model), overrides)
+    run_stage(run_quality, input, output, config, workers, backend, as_json)
+
+
+@app.command("filter")
+@user_errors
+def filter_command(
+    input: str = INPUT,
+    output: str = OUTPUT,
+    overrides: list[str] = SET,
+    workers: int | None = WORKERS,
+    backend: str = BACKEND,
+    as_json: bool = JSON,
+) -> None:
+    """Drop documents by thresholds over attribute columns (defaults: Gopher's, English).
+
+    Example: keel data filter --input scored/ --output kept/ --set min_quality_score=0.5
+    """
+    config = configured(FilterConfig(), overrides)
+    run_stage(run_filter, input, output, config, workers, backend, as_json)
+
+
+@app.command("embed")
+@user_errors
+def embed_command(
+    input: str = INPUT,
+    output: str = OUTPUT,
+    overrides: list[str] = SET,
+    workers: int | None = WORKERS,
+    backend: str = BACKEND,
+    as_json: bool = JSON,
+) -> None:
+    """Add an `embedding` (hashed n-gram TF-IDF, projected) and a k-means `cluster` column.
+
+    Example: keel data embed --input kept/ --output embedded/ --set clusters=32
+    """
+    config = configured(EmbedConfig(), overrides)
+    run_stage(run_embed, input, output, config, workers, backend, as_json)
+
+
+@app.command("dedup")
+@user_errors
+def dedup_command(
+    input: str = INPUT,
+    output: str = OUTPUT,
+    mode: str = typer.Option("exact", "--mode", help="exact (same id) or fuzzy (MinHash LSH)."),
+    threshold: float = typer.Option(0.8, "--threshold", help="fuzzy: Jaccard to remove at."),
+    overrides: list[str] = SET,
+    workers: int | None = WORKERS,
+    backend: str = BACKEND,
+    as_json: bool = JSON,
+) -> None:
+    """Remove exact or near duplicates; DIR gets the kept documents and removed.parquet.
+
+    Example: keel data dedup --mode fuzzy --input docs/ --output deduped/ --threshold 0.8
+    """
+    if mode == "exact":
+        config = configured(ExactDedupConfig(), overrides)
+        run_stage(run_exact_dedup, input, output, config, workers, backend, as_json)
+    elif mode == "fuzzy":
+        config = configured(FuzzyDedupConfig(threshold=threshold), overrides)
+        run_stage(run_fuzzy_dedup, input, output, config, workers, backend, as_json)
+    else:
+        raise UsageError(f"--mode {mode!r}: use exact or fuzzy")
+
+
+@app.command("decontam")
+@user_errors
+def decontam_command(
+    eval: list[str] = typer.Option(..., "--eval", help="An eval set file (repeatable)."),
+    eval_field: list[str] = typer.Option(
+        ["question"], "--eval-field", help="Text field of the eval sets (repeatable)."
+    ),
+    input: str = INPUT,
+    output: str = OUTPUT,
+    ngram: int = typer.Option(13, "--ngram", help="Words per n-gram."),
+    threshold: int = typer.Option(1, "--threshold", help="Matching n-grams that flag a document."),
+    mode: str = typer.Option("drop", "--mode", help="drop, or remove_spans."),
+    overrides: list[str] = SET,
+    workers: int | None = WORKERS,
+    backend: str = BACKEND,
+    as_json: bool = JSON,
+) -> None:
+    """Drop (or cut) documents sharing n-grams with eval sets; report per eval set.
+
+    Example: keel data decontam --eval gsm8k.jsonl --eval-field question --eval-field answer
+    --input docs/ --output clean/
+    """
+    eval_sets = tuple(EvalSet(path, tuple(eval_field)) for path in eval)
+    config = DecontamConfig(eval_sets, ngram=ngram, min_matches=threshold, mode=mode)
+    run_stage(run_decontam, input, output, configured(config, overrides), workers, backend, as_json)
+
+
+@app.command("tokenize")
+@user_errors
+def tokenize_command(
+    input: str = INPUT,
+    output: str = OUTPUT,
+    train_tokenizer: bool = typer.Option(
+        False, "--train-tokenizer", help="Train a byte-level BPE on the input."
+    ),
+    vocab_size: int = typer.Option(32_768, "--vocab-size", help="Vocabulary of a trained one."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="A tokenizer.json to use."),
+    overrides: list[str] = SET,
+    workers: int | None = WORKERS,
+    backend: str = BACKEND,
+    as_json: bool = JSON,
+) -> None:
+    """Documents -> a token cache (manifest.json + shards) and the tokenizer.json used.
+
+    Example: keel data tokenize --input clean/ --output cache/ --train-tokenizer --vocab-size 32768
+    """
+    if train_tokenizer == (tokenizer is not None):
+        raise UsageError("pass exactly one of --train-tokenizer and --tokenizer PATH")
+    config = TokenizeConfig(vocab_size=vocab_size, tokenizer_path=tokenizer)
+    run_stage(run_tokenize, input, output, configured(config, overrides), workers, backend, as_json)
 
 
 @app.command("mix")

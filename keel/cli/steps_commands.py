@@ -222,15 +222,21 @@ def _failure(report: RunReport, prefix: str) -> typer.Exit:
 
 
 def _show_quickstart_summary(prefix: str, steps: list[Step]) -> None:
+    """The quickstart's drop accounting, stage by stage, and its token cache."""
     summary_step = next(step for step in all_steps(steps) if step.name == "summary")
     summary_file = paths.join(output_path(paths.normalize(prefix), summary_step), "summary.json")
     summary = json.loads(paths.read_text(summary_file))
-    top = ", ".join(f"{word} ({count})" for word, count in summary["top_words"][:10])
+    table = Table("step", "documents in", "out", "dropped (reason: count)", title="quickstart")
+    for stage in summary["stages"]:
+        reasons = ", ".join(f"{k}: {v}" for k, v in stage["dropped"].items() if v) or "-"
+        table.add_row(
+            stage["step"], f"{stage['documents_in']:,}", f"{stage['documents_out']:,}", reasons
+        )
+    stdout.print(table)
     stdout.print(
-        f"\n[bold]quickstart done[/]: {summary['documents']} documents, "
-        f"{summary['words']:,} words, "
-        f"{summary['distinct_counted_words']:,} distinct counted words.\n"
-        f"top words: {top}\nsummary: {summary_file}\n"
+        f"token cache: {summary['tokens']:,} tokens, {summary['documents']:,} documents, "
+        f"vocabulary {summary['vocab_size']:,} -> {summary['cache']}\n"
+        f"summary: {summary_file}\n"
         f"next: `keel status --prefix {prefix}`; run again and every step is cached."
     )
 

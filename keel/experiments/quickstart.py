@@ -1,154 +1,136 @@
-"""The quickstart: a small, real DAG over the bundled sample of Wikipedia articles.
+"""The quickstart: DataKit end to end on the bundled samples (see NOTICE), as keel steps.
 
-    documents ──> word_counts ────┐
-              └─> document_stats ─┴─> summary
+    ingest_wikitext ─┐
+                     ├─> quality -> filter -> exact_dedup -> fuzzy_dedup -> decontam -> tokenize
+    ingest_pydocs ───┘      (language, Gopher heuristics)        (vs GSM8K)    (BPE + token cache)
+                                                                                     │
+                                               summary (drop accounting, tokens) <───┘
 
-`documents` reads the bundled sample (40 WikiText-2 articles, see NOTICE) into Parquet;
-`word_counts` counts words with keel/flow (flat_map -> group_by with a map-side combiner ->
-sort, on worker processes); `document_stats` is independent of it, so the two run side by side;
-`summary` joins them into summary.json. Run it with `keel quickstart` or
+ingest_pydocs extracts the main text of 30 raw HTML pages of the Python docs; ingest_wikitext
+reads 40 Wikipedia articles. Every data stage runs on keel/flow worker processes, writes
+stage.json with its drop accounting, and is cached as a step. Run it with `keel quickstart`, or
 `keel run keel/experiments/quickstart.py`; change a threshold with e.g.
-`--set word_counts.min_length=4` and only that branch re-runs.
+`--set fuzzy_dedup.stage.threshold=0.7` and only the steps from there on re-run.
 """
 
 from __future__ import annotations
 
-import gzip
-import itertools
 import json
-import re
 from dataclasses import dataclass
 from importlib import resources
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from keel import flow
 from keel.core import paths
+from keel.data.decontam import DecontamConfig, EvalSet, run_decontam
+from keel.data.dedup import ExactDedupConfig, run_exact_dedup
+from keel.data.documents import StageReport
+from keel.data.filter import FilterConfig, run_filter
+from keel.data.fuzzy import FuzzyDedupConfig, run_fuzzy_dedup
+from keel.data.ingest import IngestConfig, run_ingest
+from keel.data.quality import QualityConfig, run_quality
+from keel.data.steps import data_step
+from keel.data.token_cache import TokenCache
+from keel.data.tokenize import TokenizeConfig, run_tokenize
 from keel.steps import Step, output_of
 
-WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
-"""A word: letters, with one inner apostrophe allowed (don't, Teddy's)."""
+SUMMARY_FILE = "summary.json"
 
 
 @dataclass(frozen=True)
-class SampleConfig:
-    sample: str = "wikitext2"
-    """Name of a bundled sample: keel/experiments/sample/{sample}.jsonl.gz."""
-    max_documents: int = 40
+class BundledIngest:
+    sample: str
+    """A file of keel/experiments/sample/ (named, not located: the path is not in the hash)."""
+    ingest: IngestConfig
 
 
 @dataclass(frozen=True)
-class WordCountConfig:
-    documents: str
-    min_length: int = 3
-    """Words shorter than this many characters are not counted."""
-    lowercase: bool = True
-    ignore: tuple[str, ...] = ("<unk>",)
-    """Markers removed before counting (WikiText writes rare words as <unk>)."""
-    workers: int = 2
-    """keel/flow worker processes."""
-
-
-@dataclass(frozen=True)
-class DocumentStatsConfig:
-    documents: str
+class BundledDecontam:
+    input: str
+    eval_sample: str
+    eval_fields: tuple[str, ...]
+    ngram: int = 13
+    min_matches: int = 1
 
 
 @dataclass(frozen=True)
 class SummaryConfig:
-    word_counts: str
-    document_stats: str
-    top_words: int = 20
+    stages: tuple[str, ...]
+    """Outputs of the data stages, in pipeline order."""
+    cache: str
 
 
-def read_sample(config: SampleConfig, output: str) -> None:
-    """Bundled JSONL.gz -> documents.parquet with columns title, text, source."""
-    bundled = resources.files("keel.experiments") / "sample" / f"{config.sample}.jsonl.gz"
-    with resources.as_file(bundled) as path, gzip.open(path, "rt", encoding="utf-8") as lines:
-        rows = [json.loads(line) for line in itertools.islice(lines, config.max_documents)]
-    table = pa.Table.from_pylist(rows, schema=_DOCUMENT_SCHEMA)
-    _write(table, output, "documents.parquet")
+def ingest_bundled(config: BundledIngest, output: str) -> None:
+    with resources.as_file(_bundled(config.sample)) as path:
+        run_ingest(str(path), output, config.ingest)
 
 
-def count_words(config: WordCountConfig, output: str) -> None:
-    """documents -> word_counts/ (word, count), most frequent first, ties by word."""
-    counts = (
-        flow.read_parquet(paths.join(config.documents, "documents.parquet"), columns=["text"])
-        .flat_map(lambda document: ({"word": word} for word in _words(document["text"], config)))
-        .group_by("word", _add_counts, num_shards=1, combiner=_add_counts)
-        .sort(("count", "descending"), ("word", "ascending"))
-    )
-    counts.write_parquet(paths.join(output, "word_counts"), workers=config.workers)
-
-
-def _words(text: str, config: WordCountConfig) -> list[str]:
-    for marker in config.ignore:
-        text = text.replace(marker, " ")
-    words = WORD.findall(text.lower() if config.lowercase else text)
-    return [word for word in words if len(word) >= config.min_length]
-
-
-def _add_counts(word: str, rows: list[dict]) -> dict:
-    """Reducer and combiner: rows are single words or partial counts of `word`."""
-    return {"word": word, "count": sum(row.get("count") or 1 for row in rows)}
-
-
-def document_stats(config: DocumentStatsConfig, output: str) -> None:
-    """documents -> document_stats.parquet: per document its title, characters, words and lines."""
-    table = _read(config.documents, "documents.parquet", columns=["title", "text"])
-    texts = table.column("text").to_pylist()
-    stats = pa.table(
-        {
-            "title": table.column("title"),
-            "characters": [len(text) for text in texts],
-            "words": [len(WORD.findall(text)) for text in texts],
-            "lines": [text.count("\n") + 1 for text in texts],
-        }
-    )
-    _write(stats, output, "document_stats.parquet")
+def decontam_bundled(config: BundledDecontam, output: str) -> None:
+    with resources.as_file(_bundled(config.eval_sample)) as path:
+        eval_set = EvalSet(str(path), config.eval_fields, name=config.eval_sample.split(".")[0])
+        decontam = DecontamConfig((eval_set,), config.ngram, config.min_matches)
+        run_decontam(config.input, output, decontam)
 
 
 def summarize(config: SummaryConfig, output: str) -> None:
-    """word counts + document stats -> summary.json."""
-    counts = _read(config.word_counts, "word_counts").to_pylist()
-    stats = _read(config.document_stats, "document_stats.parquet").to_pylist()
-    words = sum(row["words"] for row in stats)
+    """Each stage's documents in/out and drops by reason, and the token cache's totals."""
+    reports = [StageReport.read(stage) for stage in config.stages]
+    cache = TokenCache(config.cache)
     summary = {
-        "documents": len(stats),
-        "characters": sum(row["characters"] for row in stats),
-        "words": words,
-        "mean_words_per_document": round(words / max(len(stats), 1), 1),
-        "distinct_counted_words": len(counts),
-        "top_words": [[row["word"], row["count"]] for row in counts[: config.top_words]],
-        "longest_document": max(stats, key=lambda row: row["words"])["title"] if stats else None,
+        "stages": [
+            {
+                "step": paths.local_path(stage).name if paths.is_local(stage) else stage,
+                "stage": report.stage,
+                "documents_in": report.documents_in,
+                "documents_out": report.documents_out,
+                "dropped": report.dropped,
+            }
+            for stage, report in zip(config.stages, reports, strict=True)
+        ],
+        "tokens": cache.manifest.total_tokens,
+        "documents": cache.manifest.documents,
+        "vocab_size": cache.manifest.vocab_size,
+        "cache": config.cache,
     }
-    with paths.open_file(paths.join(output, "summary.json"), "w") as handle:
-        handle.write(json.dumps(summary, indent=2) + "\n")
+    paths.write_text(paths.join(output, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
 
 
-def _write(table: pa.Table, directory: str, name: str) -> None:
-    with paths.open_file(paths.join(directory, name), "wb") as handle:
-        pq.write_table(table, handle, compression="zstd")
+def _bundled(name: str):
+    return resources.files("keel.experiments") / "sample" / name
 
 
-def _read(directory: str, name: str, columns: list[str] | None = None) -> pa.Table:
-    """A Parquet file, or a directory of them, under `directory` (any fsspec URL)."""
-    fs, path = paths.filesystem(paths.join(directory, name))
-    return pq.read_table(path, columns=columns, filesystem=fs)
-
-
-_DOCUMENT_SCHEMA = pa.schema(
-    [("title", pa.string()), ("text", pa.string()), ("source", pa.string())]
+wikitext = Step(
+    "ingest_wikitext",
+    ingest_bundled,
+    BundledIngest("wikitext2.jsonl.gz", IngestConfig(format="jsonl", source="wikitext2")),
 )
-
-documents = Step("documents", read_sample, SampleConfig())
-word_counts = Step("word_counts", count_words, WordCountConfig(documents=output_of(documents)))
-stats = Step("document_stats", document_stats, DocumentStatsConfig(documents=output_of(documents)))
+pydocs = Step(
+    "ingest_pydocs",
+    ingest_bundled,
+    BundledIngest(
+        "pydocs.jsonl.gz", IngestConfig(format="jsonl", html_field="html", source="pydocs")
+    ),
+)
+quality = data_step(
+    "quality", run_quality, (output_of(wikitext), output_of(pydocs)), QualityConfig()
+)
+kept = data_step("filter", run_filter, output_of(quality), FilterConfig())
+exact = data_step("exact_dedup", run_exact_dedup, output_of(kept), ExactDedupConfig())
+fuzzy = data_step("fuzzy_dedup", run_fuzzy_dedup, output_of(exact), FuzzyDedupConfig())
+clean = Step(
+    "decontam",
+    decontam_bundled,
+    BundledDecontam(output_of(fuzzy), "gsm8k.jsonl.gz", ("question", "answer")),
+)
+tokens = data_step("tokenize", run_tokenize, output_of(clean), TokenizeConfig(vocab_size=4096))
 summary = Step(
     "summary",
     summarize,
-    SummaryConfig(word_counts=output_of(word_counts), document_stats=output_of(stats)),
+    SummaryConfig(
+        stages=tuple(
+            output_of(step)
+            for step in (wikitext, pydocs, quality, kept, exact, fuzzy, clean, tokens)
+        ),
+        cache=output_of(tokens),
+    ),
 )
 
 STEPS = [summary]

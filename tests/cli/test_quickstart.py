@@ -1,40 +1,83 @@
-"""`keel quickstart`: the main job on the bundled sample, end to end."""
+"""`keel quickstart`: DataKit end to end on the bundled samples, as cached steps."""
 
+import itertools
 import json
+from pathlib import Path
 
 import pytest
+from conftest import KeelCli
 
-QUICKSTART_STEPS = ["documents", "word_counts", "document_stats", "summary"]  # DAG order
+from keel.data.token_cache import TokenCache
+
+STEPS = [
+    "ingest_wikitext",
+    "ingest_pydocs",
+    "quality",
+    "filter",
+    "exact_dedup",
+    "fuzzy_dedup",
+    "decontam",
+    "tokenize",
+    "summary",
+]
 
 
-def test_quickstart_runs_end_to_end_then_is_cached(cli):
-    first = cli.run("quickstart", "--prefix", str(cli.prefix))
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    """One quickstart run shared by the tests of this module (it takes tens of seconds)."""
+    cli = KeelCli(tmp_path_factory.mktemp("quickstart"))
+    first = cli.run("quickstart", "--prefix", str(cli.prefix), timeout=600)
     assert first.returncode == 0, first.stderr
-    assert "quickstart done" in first.stdout and "40 documents" in first.stdout
-    summary_file = next(cli.prefix.glob("summary-*/summary.json"))
-    summary = json.loads(summary_file.read_text())
-    assert summary["documents"] == 40
-    assert summary["words"] > 50_000
-    assert summary["top_words"][0][0] == "the"
-    assert all(word != "unk" for word, _ in summary["top_words"])
-    counts = [count for _, count in summary["top_words"]]
-    assert counts == sorted(counts, reverse=True)
-
-    again = cli.run("quickstart", "--prefix", str(cli.prefix), "--json")
-    assert json.loads(again.stdout) == {"executed": [], "cached": QUICKSTART_STEPS, "failed": []}
+    return cli, first
 
 
-def test_quickstart_threshold_change_reruns_one_branch(cli):
-    cli.run("quickstart", "--prefix", str(cli.prefix), "--json")
+def _summary(prefix: Path, name: str = "summary-*") -> dict:
+    return json.loads(next(prefix.glob(f"{name}/summary.json")).read_text())
+
+
+def test_quickstart_runs_every_stage_and_accounts_for_every_document(done):
+    cli, first = done
+    assert "token cache:" in first.stdout and "dropped" in first.stdout
+    summary = _summary(cli.prefix)
+    stages = {stage["stage"]: stage for stage in summary["stages"]}
+    assert stages["ingest"]["documents_out"] > 0
+    chain = summary["stages"][2:]  # quality -> ... -> tokenize, each reading the previous one
+    assert chain[0]["documents_in"] == sum(s["documents_out"] for s in summary["stages"][:2])
+    for before, after in itertools.pairwise(chain):
+        assert after["documents_in"] == before["documents_out"]
+    for stage in summary["stages"]:
+        dropped = sum(stage["dropped"].values())
+        assert stage["documents_in"] - stage["documents_out"] == dropped, stage
+    cache = TokenCache(summary["cache"])
+    cache.verify()
+    assert cache.manifest.total_tokens == summary["tokens"] > 100_000
+    assert cache.manifest.documents == chain[-1]["documents_out"]
+
+
+def test_second_run_is_entirely_cached(done):
+    cli, _ = done
+    again = cli.run("quickstart", "--prefix", str(cli.prefix), "--json", timeout=600)
+    assert json.loads(again.stdout) == {"executed": [], "cached": STEPS, "failed": []}
+
+
+def test_a_threshold_change_reruns_from_that_stage_on(done):
+    cli, _ = done
     changed = cli.run(
-        "quickstart", "--prefix", str(cli.prefix), "--json", "--set", "word_counts.min_length=6"
+        "quickstart",
+        "--prefix",
+        str(cli.prefix),
+        "--json",
+        "--set",
+        "filter.stage.min_word_count=400",
+        timeout=600,
     )
+    assert changed.returncode == 0, changed.stderr
     result = json.loads(changed.stdout)
-    assert sorted(result["executed"]) == ["summary", "word_counts"]
-    assert sorted(result["cached"]) == ["document_stats", "documents"]
+    assert result["cached"] == STEPS[:3]
+    assert result["executed"] == STEPS[3:]
     summaries = [json.loads(p.read_text()) for p in cli.prefix.glob("summary-*/summary.json")]
-    long_words = next(s for s in summaries if s["top_words"][0][0] != "the")
-    assert all(len(word) >= 6 for word, _ in long_words["top_words"])
+    strict = next(s for s in summaries if s["stages"][3]["dropped"].get("min_word_count", 0) > 5)
+    assert strict["tokens"] < _summary(cli.prefix)["tokens"] or len(summaries) == 2
 
 
 def test_every_command_has_help_with_an_example(cli):
@@ -51,11 +94,12 @@ def test_unknown_backend_is_a_usage_error(cli):
 
 
 @pytest.mark.ray
-def test_quickstart_on_ray_writes_the_same_bytes_as_local(cli):
-    local = cli.run("quickstart", "--prefix", str(cli.root / "local"), "--json")
-    on_ray = cli.run("quickstart", "--prefix", str(cli.root / "ray"), "--json", "--backend", "ray")
+def test_quickstart_on_ray_writes_the_same_bytes_as_local(done):
+    cli, _ = done
+    ray_prefix = cli.root / "ray"
+    on_ray = cli.run("quickstart", "--prefix", str(ray_prefix), "--backend", "ray", timeout=900)
     assert on_ray.returncode == 0, on_ray.stderr
-    assert json.loads(on_ray.stdout)["executed"] == json.loads(local.stdout)["executed"]
-    for part in (cli.root / "local").glob("word_counts-*/word_counts/*"):
-        twin = cli.root / "ray" / part.relative_to(cli.root / "local")
-        assert twin.read_bytes() == part.read_bytes()
+    local_cache = next(cli.prefix.glob("tokenize-*"))
+    ray_cache = ray_prefix / local_cache.name  # same step identity: same directory name
+    for shard in [*sorted(local_cache.glob("*.bin")), local_cache / "manifest.json"]:
+        assert (ray_cache / shard.name).read_bytes() == shard.read_bytes()
