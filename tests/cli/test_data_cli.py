@@ -1,6 +1,7 @@
 """`keel data mix` and `keel data stats` through the real command."""
 
 import json
+from pathlib import Path
 
 from keel.data.documents import document_id
 from keel.flow import from_items
@@ -46,3 +47,88 @@ def test_bad_mix_source_and_missing_stats_path_are_one_line_errors(cli):
     assert bad.returncode == 2 and bad.stderr.startswith("error: --source 'web'")
     missing = cli.run("data", "stats", str(cli.root / "nothing"))
     assert missing.returncode == 2 and "no such directory" in missing.stderr
+
+
+def _stage_files(directory):
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def test_data_commands_follow_their_contract_and_are_worker_independent(cli):
+    """ingest -> dedup (exact, fuzzy) -> decontam -> tokenize through the CLI, with 1 and 2
+    workers: the same files, byte for byte."""
+    sample = Path(__file__).resolve().parents[2] / "keel" / "experiments" / "sample"
+    outputs = {}
+    for workers in ("1", "2"):
+        root = cli.root / f"w{workers}"
+        steps = [
+            (
+                "ingest",
+                "--input",
+                str(sample / "wikitext2.jsonl.gz"),
+                "--output",
+                str(root / "docs"),
+            ),
+            (
+                "dedup",
+                "--mode",
+                "exact",
+                "--input",
+                str(root / "docs"),
+                "--output",
+                str(root / "exact"),
+            ),
+            (
+                "dedup",
+                "--mode",
+                "fuzzy",
+                "--threshold",
+                "0.8",
+                "--input",
+                str(root / "exact"),
+                "--output",
+                str(root / "fuzzy"),
+            ),
+            (
+                "decontam",
+                "--eval",
+                str(sample / "gsm8k.jsonl.gz"),
+                "--eval-field",
+                "question",
+                "--eval-field",
+                "answer",
+                "--input",
+                str(root / "fuzzy"),
+                "--output",
+                str(root / "clean"),
+            ),
+            (
+                "tokenize",
+                "--train-tokenizer",
+                "--vocab-size",
+                "1024",
+                "--input",
+                str(root / "clean"),
+                "--output",
+                str(root / "cache"),
+            ),
+        ]
+        for step in steps:
+            result = cli.run("data", *step, "--workers", workers, "--json", timeout=300)
+            assert result.returncode == 0, (step, result.stderr)
+            assert json.loads(result.stdout)["stage"]
+        outputs[workers] = {
+            name: _stage_files(root / name) for name in ("exact", "fuzzy", "clean", "cache")
+        }
+    assert outputs["1"] == outputs["2"]
+    files = outputs["1"]
+    assert "removed.parquet" in files["exact"] and "removed.parquet" in files["fuzzy"]
+    assert {"contaminated.parquet", "report.json"} <= set(files["clean"])
+    assert {"manifest.json", "tokenizer.json"} <= set(files["cache"])
+    manifest = json.loads(files["cache"]["manifest.json"])
+    assert manifest["total_tokens"] > 10_000 and manifest["vocab_size"] == 1024
+
+
+def test_tokenize_needs_exactly_one_tokenizer_source(cli):
+    result = cli.run("data", "tokenize", "--input", "x", "--output", "y")
+    assert result.returncode == 2
+    assert "exactly one of --train-tokenizer and --tokenizer" in result.stderr
