@@ -54,3 +54,30 @@ def test_a_killed_ray_worker_task_is_retried(tmp_path, ray_backend):
         "part-00000-of-00002.parquet",
         "part-00001-of-00002.parquet",
     ]
+
+
+def test_backends_opened_at_once_in_threads_share_one_ray_connection(ray_backend):
+    """Steps run in threads: each may open a RayBackend; none may close Ray under another."""
+    import threading
+
+    from keel.flow.backends.ray import RayBackend
+
+    counts, errors = [], []
+
+    def job():
+        try:
+            backend = RayBackend(workers=2)
+            try:
+                counts.append(from_items([{"n": i} for i in range(50)], 2).count(backend=backend))
+            finally:
+                backend.close()
+        except Exception as error:  # collected and asserted below
+            errors.append(repr(error))
+
+    threads = [threading.Thread(target=job) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and counts == [50, 50, 50]
+    assert from_items([{"n": 1}]).count(backend=ray_backend) == 1  # still connected

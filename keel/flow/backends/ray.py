@@ -13,6 +13,7 @@ or an fsspec URL such as s3://), since shuffle files live there.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 
 from keel.core.errors import UsageError
@@ -31,15 +32,8 @@ class RayBackend:
         except ImportError:
             raise UsageError("the ray backend needs Ray: pip install 'keel[ray]'") from None
         self._ray = ray
-        self._owns = not ray.is_initialized()
-        if self._owns:
-            ray.init(
-                address=address,
-                num_cpus=workers if address is None else None,
-                include_dashboard=False,
-                log_to_driver=False,
-                configure_logging=False,
-            )
+        _CONNECTION.acquire(ray, workers, address)
+        self._closed = False
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.workers = max(1, workers or cpus)
         self._remote = ray.remote(num_cpus=1, max_retries=0)(run_pickled_task)
@@ -75,5 +69,44 @@ class RayBackend:
         return attempts.ordered_results()
 
     def close(self) -> None:
-        if self._owns and self._ray.is_initialized():
-            self._ray.shutdown()
+        if not self._closed:
+            self._closed = True
+            _CONNECTION.release(self._ray)
+
+
+class _RayConnection:
+    """This process's connection to Ray, shared by every RayBackend in it.
+
+    Ray allows one `ray.init` per process, and steps run in threads: two steps that each open a
+    RayBackend at once must share one connection, and the first to close must not shut Ray down
+    under the other. The connection is counted; keel shuts Ray down when its last backend
+    closes, and only if keel started it (a caller's own `ray.init` is left alone).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._started_here = False
+
+    def acquire(self, ray, workers: int | None, address: str | None) -> None:
+        with self._lock:
+            if not ray.is_initialized():
+                ray.init(
+                    address=address,
+                    num_cpus=workers if address is None else None,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+                self._started_here = True
+            self._users += 1
+
+    def release(self, ray) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._started_here and ray.is_initialized():
+                ray.shutdown()
+                self._started_here = False
+
+
+_CONNECTION = _RayConnection()
