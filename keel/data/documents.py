@@ -22,9 +22,11 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
+import pyarrow as pa
 import xxhash
 
 from keel.core import paths
+from keel.flow import Dataset, RunOptions
 
 ID_COLUMN = "id"
 TEXT_COLUMN = "text"
@@ -76,6 +78,26 @@ class StageReport:
     @classmethod
     def read(cls, directory: str) -> StageReport:
         return cls(**json.loads(paths.read_text(paths.join(directory, STAGE_FILE))))
+
+
+DROPS_SCHEMA = pa.schema(
+    [("reason", pa.string()), ("count", pa.int64()), ("ids", pa.list_(pa.string()))]
+)
+"""Per-batch drop counts: one row per reason with drops in a batch, and its first ids."""
+
+
+def count_drops(drop_batches: Dataset, options: RunOptions | None) -> dict[str, dict]:
+    """Sum per-batch drop rows (DROPS_SCHEMA) by reason: {reason: {"count", "ids"}}, the ids the
+    first DROPPED_SAMPLE in input order. A stage counts its drops in a flow pass with this."""
+    rows = drop_batches.group_by("reason", _merge_drops, num_shards=1).to_table(options).to_pylist()
+    return {row["reason"]: row for row in rows}
+
+
+def _merge_drops(reason: str, rows: list[dict]) -> dict:
+    ids: list[str] = []
+    for row in rows:
+        ids.extend(row["ids"][: DROPPED_SAMPLE - len(ids)])
+    return {"reason": reason, "count": sum(row["count"] for row in rows), "ids": ids}
 
 
 def parquet_glob(directory_or_glob: str | Sequence[str]) -> str | list[str]:

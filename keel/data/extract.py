@@ -34,7 +34,6 @@ import codecs
 import dataclasses
 import functools
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,11 +211,6 @@ def _strings(batch: pa.RecordBatch, name: str) -> list[str | None]:
 
 
 # -- kept rows out, dropped rows counted -------------------------------------------------------
-_DROPS_SCHEMA = pa.schema(
-    [("reason", pa.string()), ("count", pa.int64()), ("ids", pa.list_(pa.string()))]
-)
-
-
 def write_with_drops(
     staged: Dataset, output: str, report: documents.StageReport, options: RunOptions
 ) -> FlowResult:
@@ -233,16 +227,11 @@ def write_with_drops(
         if first.files:
             glob = documents.parquet_glob(scratch)
             kept = read_parquet(glob, filter=pc.field(DROP_REASON).is_null())
-            drops = (
-                read_parquet(
-                    glob,
-                    columns=[DROP_REASON, DROP_LOCATOR],
-                    filter=pc.field(DROP_REASON).is_valid(),
-                )
-                .map_batches(_drops_of_batch)
-                .group_by("reason", _merge_drops, num_shards=1)
-                .to_table(options=options)
-                .to_pylist()
+            dropped = read_parquet(
+                glob, columns=[DROP_REASON, DROP_LOCATOR], filter=pc.field(DROP_REASON).is_valid()
+            )
+            drops = list(
+                documents.count_drops(dropped.map_batches(_drops_of_batch), options).values()
             )
         else:  # no input rows at all
             kept, drops = from_items([]), []
@@ -269,13 +258,4 @@ def _drops_of_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
         row["count"] += 1
         if locator is not None and len(row["ids"]) < documents.DROPPED_SAMPLE:
             row["ids"].append(locator)
-    return pa.RecordBatch.from_pylist(list(rows.values()), schema=_DROPS_SCHEMA)
-
-
-def _merge_drops(reason: str, rows: Sequence[Row]) -> Row:
-    """group_by reducer: per-batch drop counts of one reason, in input order -> their sum and the
-    first locators."""
-    ids: list[str] = []
-    for row in rows:
-        ids.extend(row["ids"][: documents.DROPPED_SAMPLE - len(ids)])
-    return {"reason": reason, "count": sum(row["count"] for row in rows), "ids": ids}
+    return pa.RecordBatch.from_pylist(list(rows.values()), schema=documents.DROPS_SCHEMA)

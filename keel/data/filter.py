@@ -35,7 +35,6 @@ from keel.core.errors import UsageError
 from keel.data import documents
 from keel.data.langid import LANGUAGE_COLUMN
 from keel.flow import RunOptions, read_parquet
-from keel.flow.ops import Row
 
 STAGE = "filter"
 
@@ -138,11 +137,8 @@ def run_filter(
     def passing(batch: pa.RecordBatch) -> pa.RecordBatch:
         return batch.filter(pa.array(first_failed_rule(batch, active) < 0))
 
-    drops = (
-        read_parquet(glob, columns=columns)
-        .map_batches(drops_by_reason)
-        .group_by("reason", _merge_drops, num_shards=1)
-        .to_table(options)
+    found = documents.count_drops(
+        read_parquet(glob, columns=columns).map_batches(drops_by_reason), options
     )
     written = read_parquet(glob).map_batches(passing).write_parquet(output, options=options)
     report = documents.StageReport(
@@ -151,7 +147,6 @@ def run_filter(
         documents_out=written.rows,
         details={"config": to_dict(config)},
     )
-    found = {row["reason"]: row for row in drops.to_pylist()}
     for rule in active:
         if rule.name in found:
             report.drop(rule.name, found[rule.name]["ids"], count=found[rule.name]["count"])
@@ -159,11 +154,6 @@ def run_filter(
         raise RuntimeError(f"filter drop counts {report.dropped} do not add up: {report}")
     report.write(output)
     return report
-
-
-_DROPS_SCHEMA = pa.schema(
-    [("reason", pa.string()), ("count", pa.int64()), ("ids", pa.list_(pa.string()))]
-)
 
 
 def _drops_by_reason(batch: pa.RecordBatch, active: Sequence[Rule]) -> pa.RecordBatch:
@@ -176,13 +166,4 @@ def _drops_by_reason(batch: pa.RecordBatch, active: Sequence[Rule]) -> pa.Record
         if len(dropped):
             sample = ids.take(pa.array(dropped[: documents.DROPPED_SAMPLE])).to_pylist()
             rows.append({"reason": rule.name, "count": len(dropped), "ids": sample})
-    return pa.RecordBatch.from_pylist(rows, schema=_DROPS_SCHEMA)
-
-
-def _merge_drops(reason: str, rows: list[Row]) -> Row:
-    """group_by reducer: per-batch drop counts of one reason, in input order -> their sum and the
-    first ids."""
-    ids: list[str] = []
-    for row in rows:
-        ids.extend(row["ids"][: documents.DROPPED_SAMPLE - len(ids)])
-    return {"reason": reason, "count": sum(row["count"] for row in rows), "ids": ids}
+    return pa.RecordBatch.from_pylist(rows, schema=documents.DROPS_SCHEMA)
