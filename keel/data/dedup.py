@@ -66,7 +66,7 @@ def run_exact_dedup(
     then removed.parquet, then stage.json to `output`."""
     docs = read_parquet(documents.parquet_glob(input))
     has_ids = has_column(docs, documents.ID_COLUMN)
-    num_shards = config.num_shards or docs.source.num_shards
+    num_shards = config.num_shards  # None: keel/flow's default, the input's shard count
     with pooled(options) as options:
         # pass 1, ids and sources only: the rows after the first of each id
         copies = read_parquet(

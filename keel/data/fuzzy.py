@@ -152,7 +152,7 @@ def find_buckets(
     table = (
         read_parquet(glob, columns=columns)
         .map_batches(functools.partial(band_rows, config=config))
-        .group_by(_BAND, bucket_members, num_shards=config.num_shards or input_shards)
+        .group_by(_BAND, bucket_members, num_shards=config.num_shards or max(1, input_shards))
         .to_table(options=options)
     )
     members = table.column("members").to_pylist() if table.num_rows else []

@@ -163,7 +163,7 @@ class Dataset:
         return dataclasses.replace(self, ops=(*self.ops, op))
 
     def _shards(self, num_shards: int | None) -> int:
-        shards = self.source.num_shards if num_shards is None else num_shards
+        shards = max(1, self.source.num_shards) if num_shards is None else num_shards
         if shards < 1:
             raise UsageError(f"num_shards must be at least 1, got {shards}")
         return shards

@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from keel.core import paths
 from keel.core.commit import commit_directory
+from keel.flow import sources
 from keel.flow.backends import Backend, make_backend
 from keel.flow.ops import Deduplicate, GroupBy, Repartition
 from keel.flow.plan import StagePlan
@@ -47,7 +48,7 @@ from keel.flow.tasks import (
 
 logger = logging.getLogger(__name__)
 
-SUCCESS_MARKER = "_SUCCESS"
+SUCCESS_MARKER = sources.SUCCESS_MARKER
 BACKEND_ENV = "KEEL_FLOW_BACKEND"
 RAY_ADDRESS_ENV = "KEEL_RAY_ADDRESS"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import posixpath
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -15,6 +16,8 @@ from keel.flow.ops import Row
 from keel.flow.readers import MalformedInputError, SkipLog, parquet_schema, read_jsonl, read_parquet
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+SUCCESS_MARKER = "_SUCCESS"
+"""Written last into a committed keel/flow output directory (see runner.commit_files)."""
 COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
 
 
@@ -100,6 +103,8 @@ def file_source(
 ) -> FileSource:
     """Expand a glob (or several) into a sorted file list and pick the reader by suffix."""
     files = expand(pattern)
+    if not files and format is None:
+        format = _format_of(pattern if isinstance(pattern, str) else pattern[0])
     chosen = format or _format_of(files[0])
     if chosen not in ("jsonl", "parquet"):
         raise UsageError(f"unknown format {chosen!r}: use 'jsonl' or 'parquet'")
@@ -110,18 +115,26 @@ def file_source(
 
 
 def expand(pattern: str | Sequence[str]) -> tuple[str, ...]:
-    """Files matching a glob (any fsspec URL) or list of globs, sorted, each once."""
+    """Files matching a glob (any fsspec URL) or list of globs, sorted, each once.
+
+    A glob that matches nothing is an error, except inside a committed keel/flow output (a
+    directory with a _SUCCESS marker): a run that kept no rows writes no part files, and reading
+    it back is an empty dataset, not a mistake."""
     patterns = [pattern] if isinstance(pattern, str) else list(pattern)
     found: list[str] = []
     for item in patterns:
         fs, fs_path = paths.filesystem(item)
         matches = sorted(fs.glob(fs_path)) if any(c in fs_path for c in "*?[") else [fs_path]
         matches = [m for m in matches if fs.isfile(m)]
-        if not matches:
+        if not matches and not _is_committed_output(fs, posixpath.dirname(fs_path)):
             raise UsageError(f"no input files match {item}")
         protocol = item.split("://", 1)[0] + "://" if "://" in item else ""
         found.extend(f"{protocol}{m}" if protocol and "://" not in m else m for m in matches)
     return tuple(dict.fromkeys(found))
+
+
+def _is_committed_output(fs, directory: str) -> bool:
+    return fs.isfile(posixpath.join(directory, SUCCESS_MARKER))
 
 
 def _format_of(path: str) -> str:

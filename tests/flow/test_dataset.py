@@ -172,3 +172,13 @@ def test_a_map_that_returns_no_dict_fails_at_once(pool):
 def test_unknown_run_option_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown run option"):
         from_items(ROWS).count(wrkers=2)
+
+
+def test_a_run_that_keeps_nothing_reads_back_as_an_empty_dataset(pool, tmp_path):
+    result = from_items(ROWS, 2).filter(lambda r: False).write_parquet(tmp_path / "o", backend=pool)
+    assert result.files == [] and (tmp_path / "o" / "_SUCCESS").exists()
+    empty = read_parquet(str(tmp_path / "o" / "part-*.parquet"))
+    assert empty.count(backend=pool) == 0
+    assert empty.deduplicate("id").count(backend=pool) == 0
+    with pytest.raises(UsageError, match="no input files match"):
+        read_parquet(str(tmp_path / "missing" / "part-*.parquet"))
