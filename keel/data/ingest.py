@@ -56,6 +56,8 @@ from keel.flow.sources import COMPRESSED_SUFFIXES, JSONL_SUFFIXES, expand
 
 STAGE = "ingest"
 FORMATS = ("jsonl", "parquet", "text", "warc")
+FILE_COLUMN = "__keel_file"
+"""The column keel/flow fills with each record's file path, when no source is configured."""
 SUFFIXES = {
     **dict.fromkeys(JSONL_SUFFIXES, "jsonl"),
     ".parquet": "parquet",
@@ -86,8 +88,7 @@ class IngestConfig:
     url_field: str = "url"
     """jsonl/parquet: the field holding the URL, when records have one."""
     source: str | None = None
-    """The `source` of every document; None: the file's path (text, warc) or the input pattern
-    (jsonl, parquet: keel/flow's readers do not say which file a row came from)."""
+    """The `source` of every document; None: the path of the file it came from."""
 
     def __post_init__(self) -> None:
         if self.format is not None and self.format not in FORMATS:
@@ -170,10 +171,11 @@ def _staged(input: str, files: tuple[str, ...], format: str, config: IngestConfi
             field=field,
             html=config.html_field is not None,
             url_field=config.url_field,
-            source=config.source or input,
+            source=config.source,
         )
+        file_column = FILE_COLUMN if config.source is None else None
         if format == "jsonl":
-            return read_jsonl(input, lenient=True).map_batches(convert)
+            return read_jsonl(input, lenient=True, file_column=file_column).map_batches(convert)
         schema = read_parquet(input, lenient=True).source.schema
         if schema is not None and field not in schema.names:
             raise UsageError(
@@ -183,7 +185,8 @@ def _staged(input: str, files: tuple[str, ...], format: str, config: IngestConfi
         columns = None
         if schema is not None:
             columns = [field] + ([config.url_field] if config.url_field in schema.names else [])
-        return read_parquet(input, columns=columns, lenient=True).map_batches(convert)
+        dataset = read_parquet(input, columns=columns, lenient=True, file_column=file_column)
+        return dataset.map_batches(convert)
     read_file = text_file_rows if format == "text" else warc_file_rows
     items = [{"path": path} for path in files]
     return (
@@ -194,15 +197,17 @@ def _staged(input: str, files: tuple[str, ...], format: str, config: IngestConfi
 
 
 def records_batch(
-    batch: pa.RecordBatch, field: str, html: bool, url_field: str, source: str
+    batch: pa.RecordBatch, field: str, html: bool, url_field: str, source: str | None
 ) -> pa.RecordBatch:
     """A chunk of JSONL/Parquet records -> staged rows: the text (or extracted HTML) of `field`,
-    the URL of `url_field` when it is a string."""
+    the URL of `url_field` when it is a string; the source is `source`, or else each row's file
+    (FILE_COLUMN)."""
     values = _column(batch, field)
     urls = _column(batch, url_field)
+    sources = [source] * batch.num_rows if source is not None else _column(batch, FILE_COLUMN)
     rows = [
-        staged_row(*text_or_reason(value, html=html, url=url), source, url)
-        for value, url in zip(values, urls, strict=True)
+        staged_row(*text_or_reason(value, html=html, url=url), origin, url)
+        for value, url, origin in zip(values, urls, sources, strict=True)
     ]
     return pa.RecordBatch.from_pylist(rows, schema=STAGED_SCHEMA)
 

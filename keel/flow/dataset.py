@@ -188,15 +188,22 @@ def from_items(items: Sequence[Row], num_shards: int = 1) -> Dataset:
 
 
 def from_files(
-    pattern: str | Sequence[str], format: str | None = None, lenient: bool = False
+    pattern: str | Sequence[str],
+    format: str | None = None,
+    lenient: bool = False,
+    file_column: str | None = None,
 ) -> Dataset:
-    """Files by glob (any fsspec URL), one shard per file; format from the suffix unless given."""
-    return Dataset(file_source(pattern, format, lenient=lenient))
+    """Files by glob (any fsspec URL), one shard per file; format from the suffix unless given.
+    `file_column`: add a column of that name holding each row's file path."""
+    return Dataset(file_source(pattern, format, lenient=lenient, file_column=file_column))
 
 
-def read_jsonl(pattern: str | Sequence[str], lenient: bool = False) -> Dataset:
-    """JSON Lines files (plain, .gz, .zst). `lenient`: skip and count malformed records."""
-    return Dataset(file_source(pattern, "jsonl", lenient=lenient))
+def read_jsonl(
+    pattern: str | Sequence[str], lenient: bool = False, file_column: str | None = None
+) -> Dataset:
+    """JSON Lines files (plain, .gz, .zst). `lenient`: skip and count malformed records;
+    `file_column`: add a column of that name holding each row's file path."""
+    return Dataset(file_source(pattern, "jsonl", lenient=lenient, file_column=file_column))
 
 
 def read_parquet(
@@ -204,7 +211,11 @@ def read_parquet(
     columns: Sequence[str] | None = None,
     filter: pc.Expression | None = None,
     lenient: bool = False,
+    file_column: str | None = None,
 ) -> Dataset:
     """Parquet files; `columns` and `filter` are pushed down into the reader (row groups whose
-    statistics exclude the filter are not read)."""
-    return Dataset(file_source(pattern, "parquet", columns=columns, filter=filter, lenient=lenient))
+    statistics exclude the filter are not read); `file_column` as for read_jsonl."""
+    source = file_source(
+        pattern, "parquet", columns=columns, filter=filter, lenient=lenient, file_column=file_column
+    )
+    return Dataset(source)

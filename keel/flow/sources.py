@@ -33,6 +33,8 @@ class FileSource:
     lenient: bool = False
     schema: pa.Schema | None = None
     """Parquet: the schema every file must have (that of the first file unless given)."""
+    file_column: str | None = None
+    """When set, a string column of this name holds each row's file path."""
 
     @property
     def num_shards(self) -> int:
@@ -42,7 +44,15 @@ class FileSource:
         return self.files[shard]
 
     def read(self, shard: int, chunk_rows: int, skipped: SkipLog) -> Iterator[pa.RecordBatch]:
-        path = self.files[shard]
+        batches = self._read(self.files[shard], chunk_rows, skipped)
+        if self.file_column is None:
+            yield from batches
+            return
+        for batch in batches:
+            names = pa.array([self.files[shard]] * batch.num_rows, pa.string())
+            yield batch.append_column(self.file_column, names)
+
+    def _read(self, path: str, chunk_rows: int, skipped: SkipLog) -> Iterator[pa.RecordBatch]:
         if self.format == "jsonl":
             yield from read_jsonl(
                 path, chunk_rows=chunk_rows, lenient=self.lenient, skipped=skipped
@@ -100,6 +110,7 @@ def file_source(
     columns: Sequence[str] | None = None,
     filter: pc.Expression | None = None,
     lenient: bool = False,
+    file_column: str | None = None,
 ) -> FileSource:
     """Expand a glob (or several) into a sorted file list and pick the reader by suffix."""
     files = expand(pattern)
@@ -111,7 +122,8 @@ def file_source(
     schema = None
     if chosen == "parquet":
         schema = _first_readable_schema(files, columns, lenient)
-    return FileSource(files, chosen, tuple(columns) if columns else None, filter, lenient, schema)
+    projected = tuple(columns) if columns else None
+    return FileSource(files, chosen, projected, filter, lenient, schema, file_column)
 
 
 def expand(pattern: str | Sequence[str]) -> tuple[str, ...]:

@@ -63,7 +63,7 @@ def test_jsonl_records_become_normalized_documents_and_bad_records_are_counted(t
     assert [d["text"] for d in docs] == ["First line\nsecond line", "Café menu", "Plain file."]
     assert all(d["id"] == documents.document_id(d["text"]) for d in docs)
     assert [d["url"] for d in docs] == ["https://a.example/1", None, None]
-    assert {d["source"] for d in docs} == {str(raw / "*")}
+    assert [d["source"] for d in docs] == [str(raw / "a.jsonl.zst")] * 2 + [str(raw / "b.jsonl")]
     assert report.dropped == {"missing_text": 2, "empty_after_normalization": 1, "invalid_json": 1}
     assert report.dropped_sample["missing_text"] == [
         "https://a.example/no-text",

@@ -182,3 +182,13 @@ def test_a_run_that_keeps_nothing_reads_back_as_an_empty_dataset(pool, tmp_path)
     assert empty.deduplicate("id").count(backend=pool) == 0
     with pytest.raises(UsageError, match="no input files match"):
         read_parquet(str(tmp_path / "missing" / "part-*.parquet"))
+
+
+def test_file_column_names_each_rows_file(pool, tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text('{"n": 1}\n{"n": 2}\n')
+    rows = read_jsonl(str(tmp_path / "*.jsonl"), file_column="path").to_table(backend=pool)
+    assert (
+        rows.column("path").to_pylist()
+        == [str(tmp_path / "a.jsonl")] * 2 + [str(tmp_path / "b.jsonl")] * 2
+    )
