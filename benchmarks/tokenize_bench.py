@@ -45,7 +45,6 @@ from pathlib import Path
 
 import numpy as np
 import psutil
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 WIKITEXT = Path("/work/shared/datasets/wikitext2")
@@ -67,26 +66,6 @@ def documents(megabytes: float) -> list[str]:
     return articles * max(1, round(megabytes * MB / size))
 
 
-def write_set(directory: Path, docs: list[str], files: int) -> str:
-    from keel.data.documents import document_id
-
-    directory.mkdir(parents=True, exist_ok=True)
-    size = -(-len(docs) // files)
-    for part in range(files):
-        chunk = docs[part * size : (part + 1) * size]
-        table = pa.table(
-            {
-                "id": [document_id(t) for t in chunk],
-                "text": chunk,
-                "source": ["wikitext2"] * len(chunk),
-            }
-        )
-        pq.write_table(
-            table, directory / f"part-{part:05d}-of-{files:05d}.parquet", compression="zstd"
-        )
-    return str(directory)
-
-
 def prepare(out: Path, megabytes: float) -> dict:
     """The two document sets and the tokenizer, made once and reused (meta.json says so)."""
     meta_path = out / "meta.json"
@@ -95,13 +74,14 @@ def prepare(out: Path, megabytes: float) -> dict:
         meta = json.loads(meta_path.read_text())
         if meta["megabytes"] == megabytes:
             return meta
+    from keel.data.documents import write_texts
     from keel.data.tokenize import TokenizeConfig, run_tokenize
     from keel.flow import RunOptions
 
     shutil.rmtree(out, ignore_errors=True)
     docs = documents(megabytes)
-    write_set(out / "one", docs, 1)
-    write_set(out / "eight", docs, 8)
+    write_texts(out / "one", docs, 1, "wikitext2")
+    write_texts(out / "eight", docs, 8, "wikitext2")
     began = time.perf_counter()
     config = TokenizeConfig(vocab_size=VOCAB_SIZE)
     run_tokenize(str(out / "one"), str(out / "trained"), config, RunOptions(workers=WORKERS))

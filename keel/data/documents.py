@@ -17,12 +17,14 @@ document is accounted for.
 from __future__ import annotations
 
 import json
+import os
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import xxhash
 
 from keel.core import paths
@@ -98,6 +100,30 @@ def _merge_drops(reason: str, rows: list[dict]) -> dict:
     for row in rows:
         ids.extend(row["ids"][: DROPPED_SAMPLE - len(ids)])
     return {"reason": reason, "count": sum(row["count"] for row in rows), "ids": ids}
+
+
+def write_texts(
+    directory: str | os.PathLike[str], texts: Sequence[str], parts: int = 1, source: str = "texts"
+) -> str:
+    """A small document set from in-memory texts, written directly (no worker processes): `parts`
+    contiguous zstd Parquet files of (id, text, source). Returns the directory. For tests,
+    examples and benchmark inputs; large sets go through keel/flow's write_parquet."""
+    directory = os.fspath(directory)
+    paths.make_dirs(directory)
+    size = -(-len(texts) // parts)
+    for part in range(parts):
+        chunk = list(texts[part * size : (part + 1) * size])
+        table = pa.table(
+            {
+                ID_COLUMN: [document_id(text) for text in chunk],
+                TEXT_COLUMN: chunk,
+                SOURCE_COLUMN: [source] * len(chunk),
+            }
+        )
+        name = f"part-{part:05d}-of-{parts:05d}.parquet"
+        with paths.open_file(paths.join(directory, name), "wb") as handle:
+            pq.write_table(table, handle, compression="zstd")
+    return directory
 
 
 def parquet_glob(directory_or_glob: str | Sequence[str]) -> str | list[str]:

@@ -18,7 +18,7 @@ import zstandard
 from keel.core.errors import UsageError
 from keel.data.bloom import BloomFilter
 from keel.data.decontam import DecontamConfig, EvalSet, build_index, find_windows, run_decontam
-from keel.data.documents import StageReport, document_id
+from keel.data.documents import StageReport, document_id, write_texts
 from keel.data.ngrams import hashed_windows, words
 from keel.flow import RunOptions
 
@@ -86,22 +86,6 @@ def plant(text: str, insert: str, rng: random.Random) -> str:
     return f"{text[:at]} {insert} {text[at + 1 :]}"
 
 
-def write_documents(directory: Path, texts: list[str], shards: int = 2) -> str:
-    directory.mkdir(parents=True)
-    size = -(-len(texts) // shards)
-    for shard in range(shards):
-        part = texts[shard * size : (shard + 1) * size]
-        table = pa.table(
-            {
-                "id": [document_id(t) for t in part],
-                "text": part,
-                "source": ["wikitext2"] * len(part),
-            }
-        )
-        pq.write_table(table, directory / f"part-{shard:05d}-of-{shards:05d}.parquet")
-    return str(directory)
-
-
 def read_documents(directory: Path) -> list[dict]:
     parts = sorted(directory.glob("part-*.parquet"))
     return pa.concat_tables([pq.read_table(part) for part in parts]).to_pylist()
@@ -154,7 +138,7 @@ def test_bloom_pickles_as_its_bits():
 
 def test_every_planted_ngram_is_caught_and_clean_text_is_not(tmp_path, planted, eval_ngrams):
     texts, planted_ids = planted
-    source = write_documents(tmp_path / "in", texts)
+    source = write_texts(tmp_path / "in", texts, 2, "wikitext2")
     config = DecontamConfig(eval_sets=(GSM8K_SET,))
     report = run_decontam(source, str(tmp_path / "out"), config, options=RunOptions(workers=2))
 
@@ -201,7 +185,7 @@ def test_remove_spans_cuts_only_the_matching_words(tmp_path, eval_texts):
     before, after = "The lake froze early that year.", "Nobody in the village expected it."
     text = f"{before} {raw} {after}"
     clean = "A clean document stays as it is."
-    source = write_documents(tmp_path / "in", [text, clean, f"({raw})"], 1)
+    source = write_texts(tmp_path / "in", [text, clean, f"({raw})"], 1, "wikitext2")
     config = DecontamConfig(eval_sets=(GSM8K_SET,), mode="remove_spans")
     report = run_decontam(source, str(tmp_path / "out"), config, options=RunOptions(workers=1))
 
@@ -220,7 +204,7 @@ def test_remove_spans_cuts_only_the_matching_words(tmp_path, eval_texts):
 
 def test_output_is_byte_identical_for_one_and_two_workers(tmp_path, planted):
     texts, _ = planted
-    source = write_documents(tmp_path / "in", texts[:300], shards=3)
+    source = write_texts(tmp_path / "in", texts[:300], 3, "wikitext2")
     config = DecontamConfig(eval_sets=(GSM8K_SET,), mode="remove_spans")
     outputs = []
     for workers in (1, 2):
@@ -241,7 +225,7 @@ def test_short_items_match_whole_and_min_matches_sets_the_bar(tmp_path):
     assert find_windows(index, texts) == [{"tiny": [(1, 5), (2, 5)]}, {"tiny": [(0, 3)]}, {}]
     # Two overlapping 5-grams flag the first text at min_matches=2, not at 3.
     for bar, kept in ((2, 2), (3, 3)):
-        source = write_documents(tmp_path / f"in{bar}", texts, 1)
+        source = write_texts(tmp_path / f"in{bar}", texts, 1, "wikitext2")
         config = DecontamConfig(eval_sets=(EvalSet(str(path)),), ngram=5, min_matches=bar)
         assert (
             run_decontam(
@@ -273,7 +257,7 @@ def test_eval_sets_read_from_compressed_jsonl_and_parquet(tmp_path, suffix):
 
 
 def test_a_missing_eval_file_or_field_is_a_usage_error(tmp_path):
-    source = write_documents(tmp_path / "in", ["some text"], 1)
+    source = write_texts(tmp_path / "in", ["some text"], 1, "wikitext2")
     missing = DecontamConfig(eval_sets=(EvalSet(str(tmp_path / "nope.jsonl")),))
     with pytest.raises(UsageError, match=r"nope\.jsonl"):
         run_decontam(source, str(tmp_path / "out"), missing)

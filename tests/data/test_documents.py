@@ -8,6 +8,7 @@ from keel.data.documents import (
     document_id,
     normalize_text,
     parquet_glob,
+    write_texts,
 )
 
 
@@ -46,3 +47,14 @@ def test_parquet_glob_reads_parts_only():
     assert parquet_glob("/data/*.parquet") == "/data/*.parquet"
     assert parquet_glob(["/a", "/b/x.parquet"]) == ["/a/part-*.parquet", "/b/x.parquet"]
     assert parquet_glob("s3://bucket/set") == "s3://bucket/set/part-*.parquet"
+
+
+def test_write_texts_makes_a_document_set_of_contiguous_parts(tmp_path):
+    import pyarrow.parquet as pq
+
+    directory = write_texts(tmp_path / "set", ["a", "b", "c"], parts=2, source="unit")
+    parts = sorted((tmp_path / "set").glob("part-*.parquet"))
+    assert [p.name for p in parts] == ["part-00000-of-00002.parquet", "part-00001-of-00002.parquet"]
+    rows = [row for part in parts for row in pq.read_table(part).to_pylist()]
+    assert rows == [{"id": document_id(t), "text": t, "source": "unit"} for t in "abc"]
+    assert directory == str(tmp_path / "set")

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from keel.core.errors import UsageError
-from keel.data.documents import StageReport, document_id
+from keel.data.documents import StageReport, write_texts
 from keel.data.filter import FilterConfig, first_failed_rule, rules, run_filter
 from keel.data.heuristics import COLUMNS, heuristic_columns, heuristics
 from keel.data.langid import identify_language, language_columns
@@ -78,23 +78,6 @@ def corpus() -> tuple[list[str], list[str]]:
     return positive, shuffled + boilerplate + repeated
 
 
-def write_documents(directory: Path, texts: list[str], parts: int = 1) -> str:
-    """A document set: `parts` Parquet files of (id, text, source)."""
-    directory.mkdir(parents=True)
-    size = -(-len(texts) // parts)
-    for part in range(parts):
-        chunk = texts[part * size : (part + 1) * size]
-        table = pa.table(
-            {
-                "id": [document_id(text) for text in chunk],
-                "text": chunk,
-                "source": ["test"] * len(chunk),
-            }
-        )
-        pq.write_table(table, directory / f"part-{part:05d}-of-{parts:05d}.parquet")
-    return str(directory)
-
-
 @pytest.fixture(scope="module")
 def pool():
     """Two worker processes, reused by every run of this module but the one-worker run."""
@@ -108,8 +91,8 @@ def trained(corpus, pool, tmp_path_factory) -> tuple[StageReport, str]:
     root = tmp_path_factory.mktemp("quality")
     positive, negative = corpus
     sets = (
-        write_documents(root / "positive", positive),
-        write_documents(root / "negative", negative),
+        write_texts(root / "positive", positive, 1, "test"),
+        write_texts(root / "negative", negative, 1, "test"),
     )
     report = run_train_quality(sets, str(root / "model"), TRAIN, pool)
     return report, str(root / "model" / MODEL_FILE)
@@ -232,7 +215,7 @@ def scored(corpus, trained, pool, tmp_path_factory) -> tuple[str, str]:
     root = tmp_path_factory.mktemp("scored")
     good, junk = corpus[0][:120], corpus[1][::5]  # 20 junk documents of each kind
     texts = [text for pair in itertools.zip_longest(good, junk) for text in pair if text]
-    source = write_documents(root / "docs", texts, parts=3)
+    source = write_texts(root / "docs", texts, 3, "test")
     output = str(root / "scored")
     run_quality(source, output, QualityConfig(model_path=trained[1]), pool)
     return source, output
