@@ -35,9 +35,7 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -46,6 +44,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from measure import run_measured
 
 FORMAT_VERSION = 1
 SEED = 20240611
@@ -57,7 +56,6 @@ VOCABULARY_WORDS = 8192
 SOURCE_LABELS = tuple(f"crawl-{n:02d}" for n in range(16))
 CONTENDERS = ("keel", "duckdb", "polars")
 THREADS = 2
-SAMPLE_SECONDS = 0.05
 MB = 1_000_000
 
 DUCKDB_QUERY = """
@@ -270,42 +268,12 @@ def contender_main(name: str, glob: str, target: Path) -> None:
 # -- the parent: subprocesses, memory sampling, checks, table -------------------------------
 
 
-def sample_tree(process: psutil.Process, peaks: dict, stop: threading.Event) -> None:
-    """Until `stop`: the peak of the summed RSS of `process` and its descendants, and of the
-    largest single one, into `peaks`."""
-    while not stop.is_set():
-        rss = []
-        try:
-            members = [process, *process.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return
-        for member in members:
-            try:
-                rss.append(member.memory_info().rss)
-            except psutil.NoSuchProcess:
-                continue
-        if rss:
-            peaks["tree"] = max(peaks["tree"], sum(rss))
-            peaks["single"] = max(peaks["single"], max(rss))
-        stop.wait(SAMPLE_SECONDS)
-
-
 def run_contender(name: str, glob: str, target: Path) -> dict:
     """One run of `name` in a fresh subprocess; its report plus peak RSS of its process tree."""
     shutil.rmtree(target, ignore_errors=True)
     environment = {**os.environ, "POLARS_MAX_THREADS": str(THREADS)}
     command = [sys.executable, __file__, "--contender", name, "--glob", glob, "--target", target]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, env=environment, text=True)
-    peaks = {"tree": 0, "single": 0}
-    stop = threading.Event()
-    sampler = threading.Thread(target=sample_tree, args=(psutil.Process(child.pid), peaks, stop))
-    sampler.start()
-    output, _ = child.communicate()
-    stop.set()
-    sampler.join()
-    if child.returncode != 0:
-        raise SystemExit(f"{name} failed with exit code {child.returncode}")
-    report = json.loads(output.strip().splitlines()[-1])
+    report, peaks = run_measured(name, command, environment)
     return {**report, "peak_tree_rss": peaks["tree"], "peak_single_rss": peaks["single"]}
 
 

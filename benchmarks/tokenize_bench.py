@@ -37,21 +37,18 @@ import re
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pyarrow.parquet as pq
+from measure import run_measured
 
 WIKITEXT = Path("/work/shared/datasets/wikitext2")
 CONTENDERS = ("raw encode_batch", "raw encode_batch_fast", "keel 1 file", "keel 8 files")
 VOCAB_SIZE = 32_768
 WORKERS = 2
-SAMPLE_SECONDS = 0.05
 MB = 1_000_000
 
 
@@ -156,36 +153,11 @@ def contender_main(name: str, out: Path, tokenizer_path: str) -> None:
 # -- the parent --------------------------------------------------------------------------------
 
 
-def sample_tree(process: psutil.Process, peak: list[int], stop: threading.Event) -> None:
-    """Until `stop`: the peak summed RSS of `process` and its descendants, into peak[0]."""
-    while not stop.is_set():
-        try:
-            members = [process, *process.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return
-        rss = 0
-        for member in members:
-            try:
-                rss += member.memory_info().rss
-            except psutil.NoSuchProcess:
-                continue
-        peak[0] = max(peak[0], rss)
-        stop.wait(SAMPLE_SECONDS)
-
-
 def run_contender(name: str, out: Path, tokenizer_path: str) -> dict:
     command = [sys.executable, __file__, "--contender", name, "--out", str(out)]
     command += ["--tokenizer", tokenizer_path]
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    peak, stop = [0], threading.Event()
-    sampler = threading.Thread(target=sample_tree, args=(psutil.Process(child.pid), peak, stop))
-    sampler.start()
-    output, _ = child.communicate()
-    stop.set()
-    sampler.join()
-    if child.returncode != 0:
-        raise SystemExit(f"{name} failed with exit code {child.returncode}")
-    return {**json.loads(output.strip().splitlines()[-1]), "peak_rss": peak[0]}
+    report, peaks = run_measured(name, command)
+    return {**report, "peak_rss": peaks["tree"]}
 
 
 def benchmark(out: Path, meta: dict, repeats: int) -> dict[str, list[dict]]:
