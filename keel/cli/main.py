@@ -8,7 +8,7 @@ import os
 import typer
 
 from keel import __version__
-from keel.cli import data_commands, scaling_commands, steps_commands
+from keel.cli import data_commands, scaling_commands, steps_commands, train_commands
 from keel.core.log import setup_logging
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ app = typer.Typer(
 steps_commands.register(app)
 data_commands.register(app)
 scaling_commands.register(app)
+train_commands.register(app)
 
 
 def _version(show: bool) -> None:

@@ -250,6 +250,14 @@ def _with_value(
         child_annotation = get_type_hints(type(node))[key]
         new = _with_value(getattr(node, key), child_annotation, rest, (*done, key), raw, label)
         return dataclasses.replace(node, **{key: new})
+    if isinstance(node, (tuple, list)) and key.isdigit():
+        if int(key) >= len(node):
+            where = ".".join(done)
+            raise ConfigError(f"{label}: {where} has {len(node)} items, no item {key}")
+        item_annotation = _item_type(annotation)
+        index = int(key)
+        new = _with_value(node[index], item_annotation, rest, (*done, key), raw, label)
+        return type(node)([*node[:index], new, *node[index + 1 :]])
     key_value = _dict_types(annotation)
     if isinstance(node, Mapping) and key_value is not None:
         if rest and key not in node:
@@ -261,6 +269,14 @@ def _with_value(
         f"{label}: {'.'.join(done)} holds {_describe(node)}, which has no key {key!r}; "
         f"set {'.'.join(done)} as a whole"
     )
+
+
+def _item_type(annotation: Any) -> Any:
+    """The annotation of one item of a tuple[X, ...] / list[X] annotation (Any otherwise)."""
+    args = get_args(annotation)
+    if get_origin(annotation) in (tuple, list) and args:
+        return args[0]
+    return Any
 
 
 def _dict_types(annotation: Any) -> tuple[Any, Any] | None:

@@ -1,0 +1,126 @@
+"""`keel train`: train a dense or MoE model from a config file or a preset.
+
+With no data named, the run trains on the bundled sample's token cache, built on first use by
+the quickstart's data steps under --prefix (cached there like any step, so `keel quickstart`
+and `keel train` share it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from importlib import resources
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from keel.cli.output import print_json, stderr, stdout, user_errors
+from keel.cli.steps_commands import PREFIX
+from keel.core import paths
+from keel.core.config import apply_overrides, load_config
+from keel.core.errors import UsageError
+from keel.steps import all_steps, load_experiment, output_path, run
+from keel.train.config import TrainConfig
+from keel.train.presets import PRESETS, preset
+from keel.train.trainer import train
+
+BUNDLED_CACHE_STEP = "tokenize"
+"""The quickstart step whose output is the bundled sample's token cache."""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_command)
+
+
+@user_errors
+def train_command(
+    config_file: str | None = typer.Argument(
+        None, metavar="[CONFIG.yaml]", help="A TrainConfig as YAML or JSON."
+    ),
+    preset_name: str | None = typer.Option(
+        None, "--preset", help=f"Start from a named config: {', '.join(PRESETS)}."
+    ),
+    overrides: list[str] = typer.Option(
+        [], "--set", help="Override a config key: key=value (repeatable), e.g. model.top_k=4."
+    ),
+    output: str | None = typer.Option(
+        None, "--output", help="Run directory (default: PREFIX/train-NAME); rerun to resume."
+    ),
+    steps: int | None = typer.Option(
+        None, "--steps", min=1, help="Total steps of the run (the schedule follows)."
+    ),
+    prefix: str = PREFIX,
+    as_json: bool = typer.Option(False, "--json", help="Print the final metrics as JSON."),
+) -> None:
+    """Train a model; running the same command again resumes from the last checkpoint.
+
+    Examples:
+      keel train --preset tiny-moe --steps 200
+      keel train run.yaml --set optimizer.name=muon --output runs/muon
+    """
+    config, name = _load(config_file, preset_name, overrides)
+    if steps is not None:
+        config = replace(config, steps=steps)
+    config.validate()
+    if not config.data and not all(phase.mixture for phase in config.phases):
+        config = config.with_data((_bundled_cache(prefix),))
+    output = output or paths.join(prefix, f"train-{name}")
+    progress = Progress(
+        TextColumn("[bold]train[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TimeRemainingColumn(),
+        console=stderr,
+        disable=as_json or (not stderr.is_terminal and "KEEL_PROGRESS" not in os.environ),
+    )
+    with progress:
+        task = progress.add_task("train", total=config.total_steps, loss="-")
+
+        def on_step(line: dict) -> None:
+            progress.update(task, completed=line["step"], loss=f"{line['loss']:.3f}")
+
+        result = train(config, output, on_step=on_step)
+    if as_json:
+        print_json({"output": result.output, "resumed_from": result.resumed_from, **result.last})
+        return
+    last = result.last
+    if not last:
+        stdout.print(f"{output}: already trained to step {config.total_steps}; nothing to do")
+        return
+    resumed = f" (resumed from step {result.resumed_from})" if result.resumed_from else ""
+    evaluation = (
+        f", eval loss {last['eval_loss']:.3f}, {last['eval_bpb']:.3f} bits/byte"
+        if "eval_bpb" in last
+        else ""
+    )
+    stdout.print(
+        f"trained {output} to step {last['step']}{resumed}: loss {last['loss']:.3f}{evaluation}\n"
+        f"metrics: {paths.join(output, 'metrics.jsonl')}"
+    )
+
+
+def _load(
+    config_file: str | None, preset_name: str | None, overrides: list[str]
+) -> tuple[TrainConfig, str]:
+    if (config_file is None) == (preset_name is None):
+        raise UsageError("name a CONFIG.yaml or a --preset (one of them): keel train --help")
+    if preset_name is not None:
+        return apply_overrides(preset(preset_name), overrides), preset_name
+    stem = paths.local_path(config_file).stem if paths.is_local(config_file) else "run"
+    return load_config(config_file, TrainConfig, overrides), stem
+
+
+def _bundled_cache(prefix: str) -> str:
+    """Build (or find cached) the quickstart's token cache under `prefix`; its path."""
+    source = resources.files("keel.experiments") / "quickstart.py"
+    with resources.as_file(source) as experiment:
+        steps = all_steps(load_experiment(experiment))
+    tokenize = next(step for step in steps if step.name == BUNDLED_CACHE_STEP)
+    report = run([tokenize], prefix)
+    if not report.ok:
+        raise UsageError(
+            f"building the bundled sample's token cache failed: {report.errors}; "
+            f"see `keel status --prefix {prefix}`"
+        )
+    return output_path(paths.normalize(prefix), tokenize)

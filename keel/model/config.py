@@ -1,0 +1,136 @@
+"""The model's shape: one frozen dataclass, dense when `n_routed_experts == 0`.
+
+Sizes are counts (ids, features, layers, experts); capacities are factors over the expected
+load. `validate()` checks the combination before anything is traced or compiled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from keel.core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """How tokens choose experts and how the load is balanced (no auxiliary loss)."""
+
+    score: Literal["softmax", "sigmoid"] = "softmax"
+    """Scores from router logits: softmax over experts, or an independent sigmoid per expert."""
+    balance: Literal["sign", "quantile", "none"] = "sign"
+    """Per-expert bias update each step: "sign" (DeepSeek-V3: b += rate * sign(mean - load)),
+    "quantile" (b moves toward the bias that would give each expert tokens * top_k / experts
+    selections, read off per-expert score quantiles), or "none"."""
+    bias_rate: float = 1e-3
+    """Step size of the bias update (score units per step)."""
+    normalize_gates: bool = True
+    """Divide the top-k gates by their sum (the gates come from unbiased scores)."""
+    z_loss_weight: float = 1e-3
+    """Weight of the router z-loss mean(logsumexp(router_logits)^2)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only transformer: GQA attention with (partial) RoPE and optional QK-norm,
+    RMSNorm, SwiGLU; MoE blocks after the first `n_dense_layers` when `n_routed_experts > 0`."""
+
+    vocab_size: int = 4096
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 64
+    ffn_dim: int = 768
+    """Hidden width of the dense SwiGLU blocks."""
+    rope_theta: float = 10_000.0
+    rotary_fraction: float = 1.0
+    """Fraction of each head's dimensions that RoPE rotates (partial RoPE below 1)."""
+    qk_norm: bool = True
+    tied_embeddings: bool = True
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+    n_routed_experts: int = 0
+    top_k: int = 2
+    n_shared_experts: int = 0
+    """Experts every token goes through, run as one SwiGLU of width
+    n_shared_experts * expert_ffn_dim."""
+    expert_ffn_dim: int = 256
+    send_capacity: float = 1.10
+    """Expert parallel: slots per destination device, as a factor of the even share
+    (tokens_per_device * top_k / devices)."""
+    receive_capacity: float = 1.15
+    """Expert parallel: rows a device computes, as a factor of tokens_per_device * top_k."""
+    dispatch_waves: int = 1
+    """Expert parallel: the exchange split into this many all-to-alls of equal size."""
+    latent_dim: int = 0
+    """When > 0, tokens are projected to this width before the exchange and experts work there."""
+    n_dense_layers: int = 0
+    """The first layers use a dense SwiGLU even in an MoE model."""
+    router: RouterConfig = field(default_factory=RouterConfig)
+    z_loss_weight: float = 1e-4
+    """Weight of the output z-loss mean(logsumexp(logits)^2)."""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_routed_experts > 0
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers - self.n_dense_layers if self.is_moe else 0
+
+    @property
+    def n_dense_blocks(self) -> int:
+        return self.n_layers - self.n_moe_layers
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions per head that RoPE rotates: even, at most head_dim."""
+        return int(self.head_dim * self.rotary_fraction) // 2 * 2
+
+    def validate(self) -> ModelConfig:
+        """Raise ConfigError naming the first inconsistent setting; return self."""
+        positive = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be at least 1, got {getattr(self, name)}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"model.n_heads ({self.n_heads}) must be a multiple of model.n_kv_heads "
+                f"({self.n_kv_heads}) for grouped-query attention"
+            )
+        if not 0.0 <= self.rotary_fraction <= 1.0:
+            raise ConfigError(
+                f"model.rotary_fraction must be in [0, 1], got {self.rotary_fraction}"
+            )
+        if self.n_routed_experts < 0:
+            raise ConfigError(f"model.n_routed_experts must be >= 0, got {self.n_routed_experts}")
+        if not self.is_moe:
+            if self.ffn_dim < 1:
+                raise ConfigError(f"model.ffn_dim must be at least 1, got {self.ffn_dim}")
+            return self
+        if not 1 <= self.top_k <= self.n_routed_experts:
+            raise ConfigError(
+                f"model.top_k ({self.top_k}) must be between 1 and model.n_routed_experts "
+                f"({self.n_routed_experts})"
+            )
+        if not 0 <= self.n_dense_layers < self.n_layers:
+            raise ConfigError(
+                f"model.n_dense_layers ({self.n_dense_layers}) must leave at least one MoE layer "
+                f"of model.n_layers ({self.n_layers})"
+            )
+        if self.n_dense_layers and self.ffn_dim < 1:
+            raise ConfigError(f"model.ffn_dim must be at least 1, got {self.ffn_dim}")
+        if self.expert_ffn_dim < 1 or self.n_shared_experts < 0 or self.latent_dim < 0:
+            raise ConfigError(
+                "model.expert_ffn_dim must be >= 1, and model.n_shared_experts and "
+                "model.latent_dim >= 0"
+            )
+        if self.send_capacity <= 0 or self.receive_capacity <= 0 or self.dispatch_waves < 1:
+            raise ConfigError(
+                "model.send_capacity and model.receive_capacity must be > 0 and "
+                "model.dispatch_waves >= 1"
+            )
+        if self.router.bias_rate < 0:
+            raise ConfigError(f"model.router.bias_rate must be >= 0, got {self.router.bias_rate}")
+        return self

@@ -1,0 +1,175 @@
+"""The Mixture-of-Experts block: route, dispatch to SwiGLU experts, combine, add shared experts.
+
+Shapes: x [tokens, d_model]; E routed experts of hidden width f_e = expert_ffn_dim working at
+d_e = latent_dim (when > 0) or d_model. With a mesh whose EXPERT_AXIS has n > 1 devices, the
+tokens and the experts are split over it (expert parallel); otherwise one device runs dropless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from keel.core.errors import ConfigError
+from keel.model.config import ModelConfig
+from keel.model.dispatch import (
+    ExpertFn,
+    check_expert_parallel,
+    dispatch_dropless,
+    dispatch_expert_parallel,
+)
+from keel.model.layers import MlpParams, init_mlp, normal, swiglu
+from keel.model.router import RouterStats, Routing, route, routing_stats
+from keel.model.sharding import EXPERT_AXIS
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class ExpertParams:
+    """E SwiGLU experts stacked along axis 0."""
+
+    w_gate: jax.Array
+    """[E, d_e, f_e]"""
+    w_up: jax.Array
+    """[E, d_e, f_e]"""
+    w_down: jax.Array
+    """[E, f_e, d_e]"""
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class MoeParams:
+    router: jax.Array
+    """[d_model, E]"""
+    experts: ExpertParams
+    shared: MlpParams | None
+    """Shared experts as one SwiGLU of hidden n_shared_experts * expert_ffn_dim, or None."""
+    latent_down: jax.Array | None
+    """[d_model, latent_dim], or None when latent_dim == 0."""
+    latent_up: jax.Array | None
+    """[latent_dim, d_model], or None when latent_dim == 0."""
+
+
+def init_moe(key: jax.Array, config: ModelConfig) -> MoeParams:
+    """float32 parameters of one MoE block; output projections (w_down, latent_up) scaled by
+    1/sqrt(2 * n_layers) like layers.init_mlp."""
+    d, e, f, std = config.d_model, config.n_routed_experts, config.expert_ffn_dim, config.init_std
+    d_e = config.latent_dim or d
+    out_std = std / (2 * config.n_layers) ** 0.5
+    k_router, k_gate, k_up, k_down, k_shared, k_ldown, k_lup = jax.random.split(key, 7)
+    shared = None
+    if config.n_shared_experts:
+        hidden = config.n_shared_experts * f
+        shared = init_mlp(k_shared, d, hidden, std, config.n_layers)
+    latent_down = latent_up = None
+    if config.latent_dim:
+        latent_down = normal(k_ldown, (d, config.latent_dim), std)
+        latent_up = normal(k_lup, (config.latent_dim, d), out_std)
+    return MoeParams(
+        router=normal(k_router, (d, e), std),
+        experts=ExpertParams(
+            w_gate=normal(k_gate, (e, d_e, f), std),
+            w_up=normal(k_up, (e, d_e, f), std),
+            w_down=normal(k_down, (e, f, d_e), out_std),
+        ),
+        shared=shared,
+        latent_down=latent_down,
+        latent_up=latent_up,
+    )
+
+
+def moe_param_specs(params: MoeParams) -> MoeParams:
+    """The same tree of PartitionSpecs: routed experts split along E over EXPERT_AXIS, the rest
+    replicated. Wrap each in NamedSharding(mesh, spec) to place parameters."""
+    replicated = jax.tree.map(lambda _: P(), params)
+    experts = jax.tree.map(lambda _: P(EXPERT_AXIS), params.experts)
+    return MoeParams(
+        router=replicated.router,
+        experts=experts,
+        shared=replicated.shared,
+        latent_down=replicated.latent_down,
+        latent_up=replicated.latent_up,
+    )
+
+
+def expert_swiglu(experts: ExpertParams, rows: jax.Array, group_sizes: jax.Array) -> jax.Array:
+    """rows [m, d_e] sorted by expert, group_sizes [E] -> [m, d_e]; rows past sum(group_sizes)
+    give zeros."""
+    gate = jax.lax.ragged_dot(rows, experts.w_gate, group_sizes)
+    up = jax.lax.ragged_dot(rows, experts.w_up, group_sizes)
+    return jax.lax.ragged_dot(jax.nn.silu(gate) * up, experts.w_down, group_sizes)
+
+
+def _dropless(
+    x: jax.Array, routing: Routing, experts: ExpertParams, fn: ExpertFn
+) -> tuple[jax.Array, None]:
+    return dispatch_dropless(x, routing, experts, fn), None
+
+
+def _block(
+    params: MoeParams, x: jax.Array, bias: jax.Array, config: ModelConfig, dispatch: Callable
+) -> tuple[jax.Array, Routing, jax.Array | None]:
+    """Route, dispatch, combine and add shared experts on this device's tokens."""
+    routing = route(x, params.router, bias, config.router, config.top_k)
+    h = x if params.latent_down is None else x @ params.latent_down.astype(x.dtype)
+    routed, dropped = dispatch(h, routing, params.experts, expert_swiglu)
+    if params.latent_up is not None:
+        routed = routed @ params.latent_up.astype(x.dtype)
+    y = routed if params.shared is None else routed + swiglu(params.shared, x)
+    return y.astype(x.dtype), routing, dropped
+
+
+def moe_forward(
+    params: MoeParams, x: jax.Array, bias: jax.Array, config: ModelConfig, mesh: Mesh | None
+) -> tuple[jax.Array, RouterStats]:
+    """x [tokens, d_model] -> (y [tokens, d_model] in x's dtype, RouterStats over all tokens).
+
+    Without a mesh (or with one device on EXPERT_AXIS) nothing is dropped. Otherwise tokens are
+    split over EXPERT_AXIS along axis 0 (y keeps that sharding), experts along E, and capacity
+    drops are counted in stats.dropped. stats.bias_target is the mean over devices of each
+    device's quantile target.
+    """
+    n_experts = params.router.shape[-1]
+    n = 1
+    if mesh is not None:
+        if EXPERT_AXIS not in mesh.shape:
+            raise ConfigError(
+                f"the mesh has axes {tuple(mesh.shape)} but no {EXPERT_AXIS!r} axis; build it "
+                "with keel.model.sharding.expert_mesh"
+            )
+        n = mesh.shape[EXPERT_AXIS]
+    if n == 1:
+        y, routing, _ = _block(params, x, bias, config, _dropless)
+        return y, routing_stats(routing, n_experts)
+    check_expert_parallel(n_experts, x.shape[0], n)
+    dispatch = partial(
+        dispatch_expert_parallel,
+        send_capacity=config.send_capacity,
+        receive_capacity=config.receive_capacity,
+        waves=config.dispatch_waves,
+        axis_name=EXPERT_AXIS,
+    )
+
+    def local(params: MoeParams, x: jax.Array, bias: jax.Array) -> tuple[jax.Array, RouterStats]:
+        y, routing, dropped = _block(params, x, bias, config, dispatch)
+        own = routing_stats(routing, n_experts)
+        stats = RouterStats(
+            load=jax.lax.psum(own.load, EXPERT_AXIS),
+            dropped=dropped,
+            assignments=jax.lax.psum(own.assignments, EXPERT_AXIS),
+            z_loss=jax.lax.pmean(own.z_loss, EXPERT_AXIS),
+            bias_target=jax.lax.pmean(own.bias_target, EXPERT_AXIS),
+        )
+        return y, stats
+
+    return jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(moe_param_specs(params), P(EXPERT_AXIS), P()),
+        out_specs=(P(EXPERT_AXIS), P()),
+    )(params, x, bias)

@@ -1,0 +1,140 @@
+"""What a training run is: the model, the optimizer, and an ordered list of phases.
+
+A phase has a token budget, a data mixture (weights over token caches), a sequence length and a
+segment of the learning-rate schedule; phases run back to back in one continuous run (global
+steps keep counting) or as chained runs (`init_from` another run's checkpoint). Steps per phase =
+tokens // (batch_size * seq_len); `steps` (the CLI's --steps) instead sets the run's total and
+shares it over the phases in proportion to their budgets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from keel.core.errors import ConfigError
+from keel.model.config import ModelConfig
+from keel.train.optim import OptimizerConfig
+from keel.train.schedule import ScheduleConfig, Segment
+
+
+@dataclass(frozen=True)
+class DataSource:
+    cache: str
+    """A token cache directory (keel data tokenize)."""
+    weight: float = 1.0
+    """Relative share of sequences drawn from this cache."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str = "main"
+    tokens: int = 0
+    """Token budget (sequences x seq_len); 0 with a single phase means `steps` decides."""
+    mixture: tuple[DataSource, ...] = ()
+    """The caches to draw from; empty means the run's `data`."""
+    seq_len: int = 256
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    phases: tuple[Phase, ...] = (Phase(),)
+    data: tuple[DataSource, ...] = ()
+    """The default mixture; empty means the bundled sample's token cache (the CLI builds it)."""
+    batch_size: int = 16
+    """Sequences per step (global, over all devices)."""
+    steps: int = 0
+    """Total steps; 0 derives them from the phases' token budgets."""
+    seed: int = 0
+    """Seeds the initial parameters and the data order."""
+    eval_fraction: float = 0.05
+    """The last fraction of each training cache's windows is held out for evaluation."""
+    eval_data: tuple[str, ...] = ()
+    """Further token caches evaluated whole (bits per byte) alongside the held-out windows."""
+    eval_every: int = 100
+    eval_batches: int = 8
+    """Batches per evaluation and cache (at most)."""
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the forward and backward pass; parameters and optimizer state stay float32."""
+    expert_parallel: int = 1
+    """Devices the routed experts (and the batch) are split over."""
+    mask_documents: bool = False
+    """Attention stays inside a document; the target after an EOS carries no loss."""
+    remat: bool = False
+    """Recompute each block's activations in the backward pass (less memory, ~1/3 more FLOPs)."""
+    init_from: str = ""
+    """A run directory whose last checkpoint's parameters (and router bias) start this run."""
+    peak_flops: float = 0.0
+    """Peak FLOP/s per device for MFU; 0 looks the device up (GPUs) or measures a matmul (CPU)."""
+
+    def validate(self) -> TrainConfig:
+        self.model.validate()
+        if not self.phases:
+            raise ConfigError("phases is empty: a run needs at least one phase")
+        if self.batch_size < 1 or self.steps < 0:
+            raise ConfigError("batch_size must be >= 1 and steps >= 0")
+        if self.batch_size % self.expert_parallel:
+            raise ConfigError(
+                f"batch_size ({self.batch_size}) must be a multiple of expert_parallel "
+                f"({self.expert_parallel}): each device takes an equal share of the sequences"
+            )
+        if self.expert_parallel > 1 and self.model.n_routed_experts % self.expert_parallel:
+            raise ConfigError(
+                f"model.n_routed_experts ({self.model.n_routed_experts}) must be a multiple of "
+                f"expert_parallel ({self.expert_parallel})"
+            )
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        for every in ("eval_every", "checkpoint_every", "keep_checkpoints"):
+            if getattr(self, every) < 1:
+                raise ConfigError(f"{every} must be at least 1, got {getattr(self, every)}")
+        for phase in self.phases:
+            if phase.seq_len < 1 or phase.tokens < 0:
+                raise ConfigError(f"phase {phase.name!r}: seq_len must be >= 1 and tokens >= 0")
+            for source in phase.mixture or self.data:
+                if source.weight <= 0:
+                    raise ConfigError(f"phase {phase.name!r}: weight of {source.cache} must be > 0")
+        self.segments()
+        return self
+
+    def phase_steps(self) -> list[int]:
+        """Steps of each phase, in order."""
+        budgets = [phase.tokens for phase in self.phases]
+        if self.steps:
+            if not any(budgets):
+                budgets = [1] * len(budgets)
+            total = sum(budgets)
+            edges = [round(self.steps * sum(budgets[: i + 1]) / total) for i in range(len(budgets))]
+            steps = [b - a for a, b in zip([0, *edges], edges, strict=False)]
+        else:
+            steps = [p.tokens // (self.batch_size * p.seq_len) for p in self.phases]
+        for phase, count in zip(self.phases, steps, strict=True):
+            if count < 1:
+                raise ConfigError(
+                    f"phase {phase.name!r} gets no steps: give it a token budget of at least "
+                    f"batch_size x seq_len = {self.batch_size * phase.seq_len} tokens, or set steps"
+                )
+        return steps
+
+    def segments(self) -> list[Segment]:
+        """The schedule segment of each phase, on the global step axis."""
+        segments, start = [], 0
+        for phase, count in zip(self.phases, self.phase_steps(), strict=True):
+            segments.append(Segment(start, count, phase.schedule))
+            start += count
+        return segments
+
+    @property
+    def total_steps(self) -> int:
+        return sum(self.phase_steps())
+
+    def with_data(self, caches: tuple[str, ...]) -> TrainConfig:
+        """This config drawing from `caches` (equal weights) where it names no data."""
+        if self.data or all(phase.mixture for phase in self.phases):
+            return self
+        return replace(self, data=tuple(DataSource(cache) for cache in caches))

@@ -1,0 +1,105 @@
+"""The jitted update and evaluation functions.
+
+`update(state, window)` takes a batch of windows [batch, seq + 1], runs forward and backward,
+applies the optimizer, and moves the router bias from the step's observed load (outside the
+gradient). `evaluate(params, router_bias, window, rows)` sums nats and target bytes for bits per
+byte. Both are pure functions of their inputs; with a mesh, the batch is split over EXPERT_AXIS.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from keel.model.loss import cross_entropy, segment_ids, target_mask
+from keel.model.router import router_metrics, update_bias
+from keel.model.transformer import forward
+from keel.train.checkpoint import TrainState
+from keel.train.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class StepFunctions:
+    update: Callable
+    """(TrainState, window [batch, seq+1] int32) -> (TrainState, metrics dict of arrays)"""
+    evaluate: Callable
+    """(params, router_bias, window, rows [batch] float32) -> (nats, bytes, targets) sums"""
+
+
+def build_step_functions(
+    config: TrainConfig,
+    optimizer: optax.GradientTransformation,
+    learning_rate: Callable,
+    token_bytes: jax.Array,
+    eos_id: int,
+    mesh: Mesh | None,
+) -> StepFunctions:
+    """Jitted update and evaluate for this run; `token_bytes` [vocab] int32 bytes per id."""
+    model = config.model
+    dtype = jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
+    masked_eos = eos_id if config.mask_documents else None
+
+    def run_model(params, router_bias, inputs):
+        segments = segment_ids(inputs, eos_id) if config.mask_documents else None
+        return forward(
+            params,
+            inputs,
+            model,
+            router_bias,
+            mesh=mesh,
+            segment_ids=segments,
+            compute_dtype=dtype,
+            remat=config.remat,
+        )
+
+    def loss_fn(params, router_bias, window):
+        inputs, targets = window[:, :-1], window[:, 1:]
+        logits, stats = run_model(params, router_bias, inputs)
+        parts = cross_entropy(logits, targets, target_mask(inputs, masked_eos))
+        loss = parts.cross_entropy + model.z_loss_weight * parts.z_loss
+        router_z = jnp.zeros((), jnp.float32)
+        if stats is not None:
+            router_z = stats.z_loss.mean()
+            loss = loss + model.router.z_loss_weight * stats.z_loss.sum()
+        return loss, (parts, stats, router_z)
+
+    def update(state: TrainState, window: jax.Array):
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        (loss, (parts, stats, router_z)), grads = grad_fn(state.params, state.router_bias, window)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        metrics = {
+            "loss": loss,
+            "cross_entropy": parts.cross_entropy,
+            "z_loss": parts.z_loss,
+            "router_z_loss": router_z,
+            "grad_norm": optax.global_norm(grads),
+            "lr": learning_rate(state.step),
+        }
+        bias = state.router_bias
+        if stats is not None:
+            bias = jax.vmap(update_bias, in_axes=(0, 0, None))(bias, stats, model.router)
+            metrics["router"] = jax.vmap(router_metrics)(stats, state.router_bias)
+        new_state = TrainState(params, opt_state, bias, state.step + 1, state.rng)
+        return new_state, metrics
+
+    def evaluate(params, router_bias, window, rows):
+        inputs, targets = window[:, :-1], window[:, 1:]
+        logits, _ = run_model(params, router_bias, inputs)
+        mask = target_mask(inputs, masked_eos) * rows[:, None]
+        parts = cross_entropy(logits, targets, mask)
+        target_bytes = (token_bytes[targets] * mask).sum()
+        return parts.nats, target_bytes, parts.targets
+
+    return StepFunctions(jax.jit(update, donate_argnums=0), jax.jit(evaluate))
+
+
+def bits_per_byte(nats: float, target_bytes: float) -> float:
+    """Summed negative log likelihood (nats) over the targets' UTF-8 bytes, in bits per byte."""
+    return nats / math.log(2) / max(target_bytes, 1.0)

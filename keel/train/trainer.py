@@ -1,0 +1,295 @@
+"""The training loop: phases of updates, evaluation, checkpoints, and metrics.jsonl.
+
+A run directory holds
+    config.yaml       the run's TrainConfig (rewritten on each start)
+    metrics.jsonl     one JSON object per step: step, loss, lr, grad_norm, tokens/s, MFU, router
+                      metrics per MoE layer, and at evaluation steps eval_loss and eval_bpb
+    checkpoints/      Orbax checkpoints (see checkpoint.py)
+    result.json       the final step's numbers, written when the run completes
+Starting a run on a directory that has checkpoints resumes from the latest: the data position
+is a function of the step, so the resumed run computes the same updates as an uninterrupted one.
+Everything a user can get wrong (config, caches, vocabularies) is checked before compiling.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from keel.core import paths
+from keel.core.config import dump_config, load_config, to_dict
+from keel.core.errors import ConfigError, UsageError
+from keel.data.token_cache import TokenCache
+from keel.model.sharding import EXPERT_AXIS, expert_mesh
+from keel.model.size import flops_per_token
+from keel.model.transformer import init_params, init_router_bias, param_labels, param_specs
+from keel.train.checkpoint import Checkpoints, TrainState
+from keel.train.config import Phase, TrainConfig
+from keel.train.loader import MixtureLoader, WindowRange, check_cache, eval_batches, split_windows
+from keel.train.optim import build_optimizer
+from keel.train.peak import device_peak
+from keel.train.schedule import piecewise_lr
+from keel.train.step import StepFunctions, bits_per_byte, build_step_functions
+from keel.train.token_bytes import token_byte_lengths
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
+RESUME_KEYS = ("model", "seed", "batch_size", "expert_parallel", "compute_dtype")
+"""Settings a resumed run must share with the run that wrote its checkpoints."""
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    phase: Phase
+    start: int
+    """Global step at which the phase begins."""
+    steps: int
+    loader: MixtureLoader
+
+
+@dataclass
+class RunData:
+    """The run's data, opened and checked: per-phase loaders and the evaluation sets."""
+
+    phases: list[PhasePlan]
+    eval_sets: dict[str, WindowRange]
+    token_bytes: np.ndarray
+    eos_id: int
+
+
+@dataclass
+class TrainResult:
+    output: str
+    steps: int
+    resumed_from: int | None
+    last: dict[str, Any] = field(default_factory=dict)
+    """The last step's metrics (evaluation included)."""
+
+
+def train(
+    config: TrainConfig,
+    output: str,
+    *,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
+) -> TrainResult:
+    """Train (or resume) the run in `output` to config.total_steps; `on_step` receives each
+    step's metrics as they are written."""
+    config = config.validate()
+    data = open_run_data(config)
+    _check_resumable(config, output)
+    dump_config(config, paths.join(output, CONFIG_FILE))
+
+    mesh = expert_mesh(config.expert_parallel) if config.expert_parallel > 1 else None
+    learning_rate = piecewise_lr(config.segments())
+    state, optimizer = _initial_state(config, mesh, learning_rate)
+    checkpoints = Checkpoints(output, config.checkpoint_every, config.keep_checkpoints)
+    resumed_from = checkpoints.latest_step()
+    if resumed_from is not None:
+        state = checkpoints.restore(state)
+        logger.info("resuming %s from step %d", output, resumed_from)
+    elif config.init_from:
+        state = _start_from(config.init_from, state)
+    metrics_path = paths.join(output, METRICS_FILE)
+    _truncate_metrics(metrics_path, int(state.step))
+
+    functions = build_step_functions(
+        config, optimizer, learning_rate, jnp.asarray(data.token_bytes), data.eos_id, mesh
+    )
+    peak = (config.peak_flops or device_peak(compute_dtype=_dtype(config))) * max(
+        1, config.expert_parallel
+    )
+    result = TrainResult(output, config.total_steps, resumed_from)
+    with paths.open_file(metrics_path, "a") as metrics_file:
+        for plan, step in _schedule(data.phases, int(state.step)):
+            window = _place(plan.loader.batch(step - plan.start), mesh)
+            started = time.perf_counter()
+            state, metrics = functions.update(state, window)
+            loss = float(metrics["loss"])
+            seconds = time.perf_counter() - started
+            tokens = config.batch_size * plan.phase.seq_len
+            done = int(state.step)
+            line = _step_line(done, plan, metrics, loss, tokens, seconds)
+            line["mfu"] = (
+                flops_per_token(config.model, plan.phase.seq_len) * tokens / seconds / peak
+            )
+            if done % config.eval_every == 0 or done == config.total_steps:
+                line.update(_evaluate(functions, state, data, config, mesh))
+            metrics_file.write(json.dumps(line) + "\n")
+            metrics_file.flush()
+            checkpoints.save(state, force=done == config.total_steps)
+            result.last = line
+            if on_step is not None:
+                on_step(line)
+    checkpoints.close()
+    paths.write_text(paths.join(output, RESULT_FILE), json.dumps(result.last, indent=2) + "\n")
+    return result
+
+
+def open_run_data(config: TrainConfig) -> RunData:
+    """Open and check every cache the run names (vocabulary, size) and build the loaders."""
+    vocab = config.model.vocab_size
+    caches: dict[str, TokenCache] = {}
+
+    def cache(path: str) -> TokenCache:
+        if path not in caches:
+            caches[path] = check_cache(path, vocab)
+        return caches[path]
+
+    plans = []
+    eval_seq_len = max(phase.seq_len for phase in config.phases)
+    eval_sets: dict[str, WindowRange] = {}
+    for index, (phase, segment) in enumerate(zip(config.phases, config.segments(), strict=True)):
+        mixture = phase.mixture or config.data
+        if not mixture:
+            raise UsageError(
+                f"phase {phase.name!r} names no data: set data (or phases[{index}].mixture) to "
+                "token caches, or use keel train --preset, which trains on the bundled sample"
+            )
+        sources = []
+        for source in mixture:
+            train_range, _ = split_windows(cache(source.cache), phase.seq_len, config.eval_fraction)
+            sources.append((train_range, source.weight))
+            if config.eval_fraction > 0 and source.cache not in eval_sets:
+                _, held_out = split_windows(cache(source.cache), eval_seq_len, config.eval_fraction)
+                eval_sets[source.cache] = held_out
+        loader = MixtureLoader(sources, config.batch_size, seed=config.seed * 1009 + index)
+        plans.append(PhasePlan(phase, segment.start_step, segment.steps, loader))
+    for path in config.eval_data:
+        whole = cache(path)
+        eval_sets[path] = WindowRange(path, eval_seq_len, 0, whole.num_windows(eval_seq_len))
+    first = next(iter(caches.values()))
+    for path, other in caches.items():
+        if other.manifest.tokenizer_sha256 != first.manifest.tokenizer_sha256:
+            raise ConfigError(
+                f"{path} and {first.path} were tokenized with different tokenizers: "
+                "a run reads caches of one tokenizer"
+            )
+    token_bytes = token_byte_lengths(first.tokenizer_path(), vocab)
+    return RunData(plans, eval_sets, token_bytes, first.eos_id)
+
+
+def _schedule(phases: list[PhasePlan], first_step: int) -> Iterator[tuple[PhasePlan, int]]:
+    """(phase, global step) for every step from `first_step` to the end."""
+    for plan in phases:
+        for step in range(max(first_step, plan.start), plan.start + plan.steps):
+            yield plan, step
+
+
+def _initial_state(config: TrainConfig, mesh: Mesh | None, learning_rate: Callable):
+    key = jax.random.key(config.seed)
+    params = init_params(key, config.model)
+    optimizer = build_optimizer(config.optimizer, learning_rate, param_labels(params))
+    if mesh is not None:
+        specs = param_specs(params)
+        params = jax.device_put(params, jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
+    state = TrainState(
+        params=params,
+        opt_state=jax.jit(optimizer.init)(params),
+        router_bias=init_router_bias(config.model),
+        step=jnp.zeros((), jnp.int32),
+        rng=jax.random.key_data(key),
+    )
+    return state, optimizer
+
+
+def _start_from(run_dir: str, fresh: TrainState) -> TrainState:
+    """Fresh optimizer state with the parameters and router bias of another run's checkpoint."""
+    source = Checkpoints(run_dir, every=1, keep=1)
+    if source.latest_step() is None:
+        raise UsageError(f"init_from: {run_dir} holds no checkpoint; train that run first")
+    restored = source.restore(fresh)
+    source.close()
+    return TrainState(restored.params, fresh.opt_state, restored.router_bias, fresh.step, fresh.rng)
+
+
+def _check_resumable(config: TrainConfig, output: str) -> None:
+    previous_path = paths.join(output, CONFIG_FILE)
+    if not paths.exists(previous_path):
+        return
+    previous = to_dict(load_config(previous_path, TrainConfig))
+    current = to_dict(config)
+    changed = [key for key in RESUME_KEYS if previous[key] != current[key]]
+    if changed:
+        raise UsageError(
+            f"{output} holds a run with other {', '.join(changed)}: resuming it would mix two "
+            "runs; use another --output (or delete that directory)"
+        )
+
+
+def _truncate_metrics(path: str, step: int) -> None:
+    """Drop metric lines past `step` (written after the checkpoint a resume starts from)."""
+    if not paths.exists(path):
+        return
+    lines = paths.read_text(path).splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    paths.write_text(path, "".join(line + "\n" for line in kept))
+
+
+def _place(window: np.ndarray, mesh: Mesh | None) -> jax.Array:
+    if mesh is None:
+        return jnp.asarray(window)
+    return jax.device_put(window, NamedSharding(mesh, PartitionSpec(EXPERT_AXIS)))
+
+
+def _step_line(
+    step: int, plan: PhasePlan, metrics: dict, loss: float, tokens: int, seconds: float
+) -> dict[str, Any]:
+    line: dict[str, Any] = {"step": step, "phase": plan.phase.name, "loss": loss}
+    for name in ("cross_entropy", "z_loss", "router_z_loss", "grad_norm", "lr"):
+        line[name] = float(metrics[name])
+    line["tokens_per_s"] = tokens / seconds
+    line["step_s"] = seconds
+    if "router" in metrics:
+        router = {name: np.asarray(value).tolist() for name, value in metrics["router"].items()}
+        line["router"] = router
+        line["drop_rate"] = float(np.mean(router["drop_rate"]))
+        line["load_max_over_mean"] = float(np.max(router["load_max_over_mean"]))
+    return line
+
+
+def _evaluate(
+    functions: StepFunctions, state: TrainState, data: RunData, config: TrainConfig, mesh
+) -> dict[str, Any]:
+    """Bits per byte and loss on each evaluation set, and over all of them."""
+    out: dict[str, Any] = {}
+    total_nats = total_bytes = total_targets = 0.0
+    for path, window_range in data.eval_sets.items():
+        nats = target_bytes = targets = 0.0
+        for batch in eval_batches(window_range, config.batch_size, config.eval_batches):
+            rows = np.zeros(config.batch_size, np.float32)
+            rows[: len(batch)] = 1.0
+            padded = np.zeros((config.batch_size, batch.shape[1]), np.int32)
+            padded[: len(batch)] = batch
+            result = functions.evaluate(
+                state.params, state.router_bias, _place(padded, mesh), _place(rows, mesh)
+            )
+            nats, target_bytes, targets = (
+                a + float(b) for a, b in zip((nats, target_bytes, targets), result, strict=True)
+            )
+        name = paths.local_path(path).name if paths.is_local(path) else path
+        out[f"eval/{name}/bpb"] = bits_per_byte(nats, target_bytes)
+        total_nats, total_bytes, total_targets = (
+            total_nats + nats,
+            total_bytes + target_bytes,
+            total_targets + targets,
+        )
+    if data.eval_sets:
+        out["eval_loss"] = total_nats / max(total_targets, 1.0)
+        out["eval_bpb"] = bits_per_byte(total_nats, total_bytes)
+    return out
+
+
+def _dtype(config: TrainConfig) -> jnp.dtype:
+    return jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
