@@ -4,11 +4,14 @@
                      ├─> quality -> filter -> exact_dedup -> fuzzy_dedup -> decontam -> tokenize
     ingest_pydocs ───┘      (language, Gopher heuristics)        (vs GSM8K)    (BPE + token cache)
                                                                                      │
-                                               summary (drop accounting, tokens) <───┘
+                      summary (drop accounting, tokens, loss, bits/byte) <── train <─┘
+                                                                         (tiny-moe)
 
 ingest_pydocs extracts the main text of 30 raw HTML pages of the Python docs; ingest_wikitext
 reads 40 Wikipedia articles. Every data stage runs on keel/flow worker processes, writes
-stage.json with its drop accounting, and is cached as a step. Run it with `keel quickstart`, or
+stage.json with its drop accounting, and is cached as a step. `train` trains the tiny-moe preset
+(an 8-expert MoE transformer) on the token cache and evaluates bits per byte on held-out windows.
+Run it with `keel quickstart`, or
 `keel run keel/experiments/quickstart.py`; change a threshold with e.g.
 `--set fuzzy_dedup.stage.threshold=0.7` and only the steps from there on re-run.
 """
@@ -16,8 +19,10 @@ stage.json with its drop accounting, and is cached as a step. Run it with `keel 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
+
+import numpy as np
 
 from keel.core import paths
 from keel.data.decontam import DecontamConfig, EvalSet, run_decontam
@@ -31,6 +36,10 @@ from keel.data.steps import data_step
 from keel.data.token_cache import TokenCache
 from keel.data.tokenize import TokenizeConfig, run_tokenize
 from keel.steps import Step, output_of
+from keel.train.config import DataSource
+from keel.train.presets import preset
+from keel.train.steps import train_step
+from keel.train.trainer import RESULT_FILE
 
 SUMMARY_FILE = "summary.json"
 
@@ -56,6 +65,8 @@ class SummaryConfig:
     stages: tuple[str, ...]
     """Outputs of the data stages, in pipeline order."""
     cache: str
+    train: str
+    """The train step's output (result.json)."""
 
 
 def ingest_bundled(config: BundledIngest, output: str) -> None:
@@ -89,8 +100,26 @@ def summarize(config: SummaryConfig, output: str) -> None:
         "documents": cache.manifest.documents,
         "vocab_size": cache.manifest.vocab_size,
         "cache": config.cache,
+        "unigram_entropy": unigram_entropy(cache),
+        "train": {"output": config.train, **_train_result(config.train)},
     }
     paths.write_text(paths.join(output, SUMMARY_FILE), json.dumps(summary, indent=2) + "\n")
+
+
+def unigram_entropy(cache: TokenCache) -> float:
+    """Entropy (nats per token) of the cache's token frequencies: the loss of a model that
+    ignores context, the bar a language model has to get well below."""
+    counts = np.zeros(cache.manifest.vocab_size, np.int64)
+    for shard in cache.tokens:
+        counts += np.bincount(shard, minlength=len(counts))
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def _train_result(run_dir: str) -> dict:
+    result = json.loads(paths.read_text(paths.join(run_dir, RESULT_FILE)))
+    keys = ("step", "loss", "eval_loss", "eval_bpb", "tokens_per_s", "mfu")
+    return {key: result[key] for key in keys if key in result}
 
 
 def _bundled(name: str):
@@ -121,6 +150,7 @@ clean = Step(
     BundledDecontam(output_of(fuzzy), "gsm8k.jsonl.gz", ("question", "answer")),
 )
 tokens = data_step("tokenize", run_tokenize, output_of(clean), TokenizeConfig(vocab_size=4096))
+trained = train_step("train", replace(preset("tiny-moe"), data=(DataSource(output_of(tokens)),)))
 summary = Step(
     "summary",
     summarize,
@@ -130,6 +160,7 @@ summary = Step(
             for step in (wikitext, pydocs, quality, kept, exact, fuzzy, clean, tokens)
         ),
         cache=output_of(tokens),
+        train=output_of(trained),
     ),
 )
 

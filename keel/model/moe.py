@@ -23,6 +23,7 @@ from keel.model.dispatch import (
     dispatch_dropless,
     dispatch_expert_parallel,
 )
+from keel.model.grouped import expert_swiglu_for
 from keel.model.layers import MlpParams, init_mlp, normal, swiglu
 from keel.model.router import RouterStats, Routing, route, routing_stats
 from keel.model.sharding import EXPERT_AXIS
@@ -97,14 +98,6 @@ def moe_param_specs(params: MoeParams) -> MoeParams:
     )
 
 
-def expert_swiglu(experts: ExpertParams, rows: jax.Array, group_sizes: jax.Array) -> jax.Array:
-    """rows [m, d_e] sorted by expert, group_sizes [E] -> [m, d_e]; rows past sum(group_sizes)
-    give zeros."""
-    gate = jax.lax.ragged_dot(rows, experts.w_gate, group_sizes)
-    up = jax.lax.ragged_dot(rows, experts.w_up, group_sizes)
-    return jax.lax.ragged_dot(jax.nn.silu(gate) * up, experts.w_down, group_sizes)
-
-
 def _dropless(
     x: jax.Array, routing: Routing, experts: ExpertParams, fn: ExpertFn
 ) -> tuple[jax.Array, None]:
@@ -117,7 +110,8 @@ def _block(
     """Route, dispatch, combine and add shared experts on this device's tokens."""
     routing = route(x, params.router, bias, config.router, config.top_k)
     h = x if params.latent_down is None else x @ params.latent_down.astype(x.dtype)
-    routed, dropped = dispatch(h, routing, params.experts, expert_swiglu)
+    expert_fn = expert_swiglu_for(config.grouped_matmul)
+    routed, dropped = dispatch(h, routing, params.experts, expert_fn)
     if params.latent_up is not None:
         routed = routed @ params.latent_up.astype(x.dtype)
     y = routed if params.shared is None else routed + swiglu(params.shared, x)

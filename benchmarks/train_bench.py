@@ -1,0 +1,418 @@
+"""Training step time and MFU of keel's presets: dense against MoE at matched active parameters.
+
+What it measures, per preset (medians over --repeats rounds, all in one process):
+- compile s: tracing, lowering and XLA compilation of the jitted update (once per preset).
+- step ms: the median of --steps timed updates, after --warmup untimed ones. Each update is
+  the trainer's: `build_step_functions(...).update` (forward, backward, optimizer, router-bias
+  step) on a fresh TrainState, timed from the call to `jax.block_until_ready` of its outputs.
+  The batches are synthetic token ids (uniform in [0, vocab), [batch, seq + 1]), placed on the
+  device before timing, so no token cache is read and no host-to-device copy is timed.
+- MFU: flops_per_token(model, seq_len) * tokens per step / step seconds / peak FLOP/s.
+  flops_per_token is PaLM's count (6 x active matmul parameters + attention scores and values;
+  see keel/model/size.py): remat's recomputation, norms, softmax, routing and the optimizer are
+  not counted, and the routed experts count top_k of n_routed_experts.
+- peak: on CPU, `measured_matmul_peak` (float32 [n, n] x [n, n], n = --matmul-size) timed in
+  each round, each round's MFU against that round's peak; on a GPU the datasheet's dense bf16
+  peak (`table_peak`; H200: 989 TFLOP/s), with a bf16 matmul timed beside it and reported.
+- With --breakdown, also the median time of the loss alone (forward) and of its gradient
+  (forward + backward) with the same model and batch, so the optimizer's share is the rest.
+- memory: what XLA's compiled update needs (arguments + outputs - aliased + temporaries).
+
+    python benchmarks/train_bench.py [--device cpu] [--presets tiny-dense,tiny-moe]
+        [--steps 20] [--warmup 3] [--repeats 3] [--breakdown]
+    python benchmarks/train_bench.py --device gpu      # 1b-dense, 1b-moe in bfloat16
+    python benchmarks/train_bench.py --device gpu --smoke   # the GPU path, shrunk, on any device
+
+--device cpu computes in float32 (the peak is a float32 matmul); --device gpu in bfloat16 with
+each preset's remat, and stops at once if jax sees no GPU. --smoke runs the GPU path on tiny
+presets (bfloat16, remat on, batch 4) so it can be checked on a CPU. The table goes to stdout,
+then one JSON line with every number; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+
+# The 1B MoE's float32 parameters, AdamW state and gradients take ~55 GB before activations:
+# give XLA more than its default 75% of the GPU's memory (read when jax starts its backend).
+if not {"XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"} & set(os.environ):
+    os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.92"
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from keel.core.errors import KeelError
+from keel.model.loss import cross_entropy, target_mask
+from keel.model.size import flops_per_token, model_size
+from keel.model.transformer import forward, init_params, init_router_bias, param_labels
+from keel.train.checkpoint import TrainState
+from keel.train.config import TrainConfig
+from keel.train.optim import build_optimizer
+from keel.train.peak import measured_matmul_peak, table_peak
+from keel.train.presets import preset
+from keel.train.schedule import piecewise_lr
+from keel.train.step import build_step_functions
+
+DEFAULTS = {
+    # device: (presets, timed steps, warm-up steps, repeats, matmul size)
+    "cpu": ("tiny-dense,tiny-moe", 20, 3, 3, 2048),
+    "gpu": ("1b-dense,1b-moe", 10, 3, 2, 8192),
+    "smoke": ("tiny-dense,tiny-moe", 2, 1, 1, 256),
+}
+SMOKE_BATCH = 4
+GIB = 2**30
+
+
+@dataclass
+class Bench:
+    """One preset's compiled update and what the rounds measured."""
+
+    name: str
+    config: TrainConfig
+    update: jax.stages.Compiled
+    init: object
+    """() -> a fresh TrainState"""
+    compile_s: float
+    memory_bytes: int | None
+    breakdown: dict | None = None
+    """{"forward": compiled loss, "backward": compiled gradient}"""
+    rounds: list[dict] = field(default_factory=list)
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.phases[0].seq_len
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.config.batch_size * self.seq_len
+
+
+def bench_config(name: str, device: str, smoke: bool) -> TrainConfig:
+    """The preset as this benchmark runs it: float32 on CPU, bfloat16 (and remat in a smoke
+    run) on the GPU path."""
+    config = preset(name)
+    if device == "cpu":
+        return replace(config, compute_dtype="float32")
+    config = replace(config, compute_dtype="bfloat16")
+    if smoke:
+        config = replace(config, batch_size=SMOKE_BATCH, remat=True)
+    return config
+
+
+def check_device(device: str, smoke: bool) -> jax.Device:
+    first = jax.devices()[0]
+    if device == "gpu" and not smoke and first.platform != "gpu":
+        kinds = ", ".join(sorted({d.device_kind for d in jax.devices()}))
+        raise SystemExit(
+            f"train_bench --device gpu: jax sees no GPU (only {first.platform}: {kinds}); run it "
+            "on a GPU machine with jax's CUDA build (pip install 'jax[cuda12]'), or use "
+            "--device cpu, or --smoke to exercise this path on a CPU"
+        )
+    return first
+
+
+def synthetic_windows(config: TrainConfig, count: int, seed: int) -> list[jax.Array]:
+    """`count` batches of uniform token ids [batch, seq + 1] int32, already on the device."""
+    rng = np.random.default_rng(seed)
+    shape = (config.batch_size, config.phases[0].seq_len + 1)
+    vocab = config.model.vocab_size
+    return [jax.device_put(rng.integers(0, vocab, shape, dtype=np.int32)) for _ in range(count)]
+
+
+def _memory(compiled: jax.stages.Compiled) -> int | None:
+    analysis = compiled.memory_analysis()
+    if analysis is None:
+        return None
+    return (
+        analysis.argument_size_in_bytes
+        + analysis.output_size_in_bytes
+        - analysis.alias_size_in_bytes
+        + analysis.temp_size_in_bytes
+    )
+
+
+def _loss_fn(config: TrainConfig):
+    """The update's loss (cross entropy + z-losses), for the forward/backward breakdown."""
+    model = config.model
+    dtype = jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
+
+    def loss(params, router_bias, window):
+        inputs, targets = window[:, :-1], window[:, 1:]
+        logits, stats = forward(
+            params, inputs, model, router_bias, compute_dtype=dtype, remat=config.remat
+        )
+        parts = cross_entropy(logits, targets, target_mask(inputs, None))
+        total = parts.cross_entropy + model.z_loss_weight * parts.z_loss
+        if stats is not None:
+            total = total + model.router.z_loss_weight * stats.z_loss.sum()
+        return total
+
+    return loss
+
+
+def prepare(name: str, device: str, smoke: bool, breakdown: bool) -> Bench:
+    """Build the preset's update from the trainer's public pieces and compile it."""
+    config = bench_config(name, device, smoke).validate()
+    model = config.model
+    learning_rate = piecewise_lr(config.segments())
+    key = jax.random.key(config.seed)
+    make_params = jax.jit(lambda k: init_params(k, model))
+    labels = param_labels(jax.eval_shape(make_params, key))
+    optimizer = build_optimizer(config.optimizer, learning_rate, labels)
+    token_bytes = jnp.asarray(np.ones(model.vocab_size, np.int32))
+    functions = build_step_functions(
+        config, optimizer, learning_rate, token_bytes, eos_id=0, mesh=None
+    )
+    init_optimizer = jax.jit(optimizer.init)
+
+    def init() -> TrainState:
+        params = make_params(key)
+        return TrainState(
+            params=params,
+            opt_state=init_optimizer(params),
+            router_bias=init_router_bias(model),
+            step=jnp.zeros((), jnp.int32),
+            rng=jax.random.key_data(key),
+        )
+
+    state = jax.eval_shape(init)
+    window = jax.ShapeDtypeStruct((config.batch_size, config.phases[0].seq_len + 1), jnp.int32)
+    started = time.perf_counter()
+    update = functions.update.lower(state, window).compile()
+    compile_s = time.perf_counter() - started
+    bench = Bench(name, config, update, init, compile_s, _memory(update))
+    if breakdown:
+        loss = _loss_fn(config)
+        args = (state.params, state.router_bias, window)
+        bench.breakdown = {
+            "forward": jax.jit(loss).lower(*args).compile(),
+            "backward": jax.jit(jax.grad(loss)).lower(*args).compile(),
+        }
+    return bench
+
+
+def _timed(fn, *args) -> tuple[float, object]:
+    started = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return time.perf_counter() - started, out
+
+
+def run_round(bench: Bench, steps: int, warmup: int, seed: int) -> dict:
+    """A fresh state, `warmup` untimed and `steps` timed updates; seconds of each timed one."""
+    windows = synthetic_windows(bench.config, warmup + steps, seed)
+    state = jax.block_until_ready(bench.init())
+    seconds, losses = [], []
+    for index, window in enumerate(windows):
+        elapsed, (state, metrics) = _timed(bench.update, state, window)
+        losses.append(float(metrics["loss"]))
+        if index >= warmup:
+            seconds.append(elapsed)
+    if not all(np.isfinite(losses)):
+        raise RuntimeError(f"{bench.name}: non-finite loss in the timed steps: {losses}")
+    result = {"step_s": statistics.median(seconds), "all_step_s": seconds, "loss": losses}
+    if bench.breakdown is not None:
+        for part, compiled in bench.breakdown.items():
+            times = []
+            for index, window in enumerate(windows):
+                elapsed, _ = _timed(compiled, state.params, state.router_bias, window)
+                if index >= warmup:
+                    times.append(elapsed)
+            result[f"{part}_s"] = statistics.median(times)
+    del state
+    return result
+
+
+def measure_peaks(device: str, smoke: bool, size: int, first: jax.Device) -> dict:
+    """This round's measured matmul FLOP/s, and the datasheet peak where the table has one."""
+    dtype = jnp.float32 if device == "cpu" else jnp.bfloat16
+    measured = measured_matmul_peak(size=size, dtype=dtype, repeats=10, device=first)
+    table = None if device == "cpu" else table_peak(first)
+    return {"measured": measured, "table": table, "basis": table or measured}
+
+
+def summarize(bench: Bench) -> dict:
+    """Medians over the rounds (MFU per round against that round's peak)."""
+    flops = flops_per_token(bench.config.model, bench.seq_len) * bench.tokens_per_step
+    size = model_size(bench.config.model)
+    rounds = bench.rounds
+    out = {
+        "preset": bench.name,
+        "params_total": size.total,
+        "params_active": size.active,
+        "params_active_matmul": size.active_matmul,
+        "batch_size": bench.config.batch_size,
+        "seq_len": bench.seq_len,
+        "tokens_per_step": bench.tokens_per_step,
+        "flops_per_step": flops,
+        "compute_dtype": bench.config.compute_dtype,
+        "remat": bench.config.remat,
+        "compile_s": bench.compile_s,
+        "xla_memory_bytes": bench.memory_bytes,
+        "step_s": statistics.median(r["step_s"] for r in rounds),
+        "step_s_rounds": [r["step_s"] for r in rounds],
+        "mfu": statistics.median(flops / r["step_s"] / r["peak"]["basis"] for r in rounds),
+        "mfu_vs_measured": statistics.median(
+            flops / r["step_s"] / r["peak"]["measured"] for r in rounds
+        ),
+        "loss_first_last": [rounds[0]["loss"][0], rounds[0]["loss"][-1]],
+    }
+    out["tokens_per_s"] = bench.tokens_per_step / out["step_s"]
+    for part in ("forward", "backward"):
+        if f"{part}_s" in rounds[0]:
+            out[f"{part}_s"] = statistics.median(r[f"{part}_s"] for r in rounds)
+    return out
+
+
+def _count(count: int) -> str:
+    return f"{count / 1e6:,.2f}M" if count < 1e9 else f"{count / 1e9:,.2f}B"
+
+
+def table(results: list[dict], peaks: list[dict], size: int, dtype: str) -> str:
+    datasheet = peaks[0]["table"]
+    basis = "datasheet peak" if datasheet else "measured peak"
+    columns = ["preset", "params total / active", "tokens/step", "compile s", "step ms"]
+    columns += ["tokens/s", f"MFU vs {basis}"]
+    columns += ["MFU vs measured matmul"] if datasheet else []
+    columns += ["XLA memory GiB"]
+    lines = ["| " + " | ".join(columns) + " |", "| --- |" + " ---: |" * (len(columns) - 1)]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['preset']} | failed: {r['error']} |")
+            continue
+        cells = [
+            r["preset"],
+            f"{_count(r['params_total'])} / {_count(r['params_active'])}",
+            f"{r['tokens_per_step']:,}",
+            f"{r['compile_s']:.1f}",
+            f"{r['step_s'] * 1e3:,.1f}",
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['mfu']:.1%}",
+        ]
+        cells += [f"{r['mfu_vs_measured']:.1%}"] if datasheet else []
+        memory = r["xla_memory_bytes"]
+        cells += [f"{memory / GIB:.2f}" if memory is not None else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    measured = [p["measured"] / 1e9 for p in peaks]
+    lines.append("")
+    lines.append(
+        f"Measured peak: {dtype} [{size}, {size}] matmul, {statistics.median(measured):,.1f} "
+        f"GFLOP/s (median; rounds: {', '.join(f'{m:,.1f}' for m in measured)})"
+        + (f"; datasheet peak {datasheet / 1e12:,.0f} TFLOP/s." if datasheet else ".")
+    )
+    if any("forward_s" in r for r in results):
+        lines += ["", "| preset | forward ms | forward + backward ms | full update ms |"]
+        lines.append("| --- | ---: | ---: | ---: |")
+        for r in results:
+            if "forward_s" in r:
+                lines.append(
+                    f"| {r['preset']} | {r['forward_s'] * 1e3:,.1f} | "
+                    f"{r['backward_s'] * 1e3:,.1f} | {r['step_s'] * 1e3:,.1f} |"
+                )
+    return "\n".join(lines)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--smoke", action="store_true", help="the GPU path, shrunk, on any device")
+    parser.add_argument("--presets", help="comma-separated preset names")
+    parser.add_argument("--steps", type=int, help="timed steps per round")
+    parser.add_argument("--warmup", type=int, help="untimed steps before them")
+    parser.add_argument("--repeats", type=int, help="rounds (each: peak, then every preset)")
+    parser.add_argument("--matmul-size", type=int, help="n of the timed [n, n] matmul")
+    parser.add_argument("--breakdown", action="store_true", help="also time forward, backward")
+    arguments = parser.parse_args()
+    device = "gpu" if arguments.smoke else arguments.device
+    defaults = DEFAULTS["smoke" if arguments.smoke else device]
+    names = (arguments.presets or defaults[0]).split(",")
+    steps, warmup, repeats, size = (
+        given if given is not None else default
+        for given, default in zip(
+            (arguments.steps, arguments.warmup, arguments.repeats, arguments.matmul_size),
+            defaults[1:],
+            strict=True,
+        )
+    )
+    if steps < 1 or warmup < 0 or repeats < 1 or size < 1:
+        raise SystemExit("--steps, --repeats and --matmul-size must be >= 1, --warmup >= 0")
+    try:
+        for name in names:
+            preset(name)
+    except KeelError as error:
+        raise SystemExit(f"train_bench: {error}") from None
+    first = check_device(device, arguments.smoke)
+    started = datetime.datetime.now(datetime.UTC)
+    _log(f"device: {first.device_kind} ({first.platform}), {jax.device_count()} visible")
+
+    benches: dict[str, Bench] = {}
+    errors: dict[str, str] = {}
+    for name in names:
+        try:
+            benches[name] = prepare(name, device, arguments.smoke, arguments.breakdown)
+        except Exception as error:  # a preset that does not fit: report it, run the others
+            traceback.print_exc()
+            errors[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            continue
+        _log(f"{name}: compiled in {benches[name].compile_s:.1f} s")
+
+    peaks = []
+    for repeat in range(repeats):
+        peak = measure_peaks(device, arguments.smoke, size, first)
+        peaks.append(peak)
+        _log(f"round {repeat + 1}/{repeats}: matmul {size}: {peak['measured'] / 1e9:,.1f} GFLOP/s")
+        for name, bench in list(benches.items()):
+            try:
+                result = run_round(bench, steps, warmup, seed=repeat)
+            except Exception as error:
+                traceback.print_exc()
+                errors[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                del benches[name]
+                continue
+            result["peak"] = peak
+            bench.rounds.append(result)
+            _log(f"round {repeat + 1}/{repeats} {name}: step {result['step_s'] * 1e3:,.1f} ms")
+
+    results = [summarize(bench) for bench in benches.values()]
+    results += [{"preset": name, "error": message} for name, message in errors.items()]
+    dtype = "float32" if device == "cpu" else "bfloat16"
+    print(table(results, peaks, size, dtype))
+    report = {
+        "benchmark": "train",
+        "date": started.isoformat(timespec="seconds"),
+        "device": device,
+        "smoke": arguments.smoke,
+        "device_kind": first.device_kind,
+        "platform": first.platform,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "steps": steps,
+        "warmup": warmup,
+        "repeats": repeats,
+        "matmul_size": size,
+        "matmul_dtype": dtype,
+        "peaks": peaks,
+        "results": results,
+    }
+    print(json.dumps(report))
+    if errors:
+        raise SystemExit(f"train_bench: {len(errors)} preset(s) failed: {', '.join(errors)}")
+
+
+if __name__ == "__main__":
+    main()
