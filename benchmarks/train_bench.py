@@ -166,9 +166,8 @@ def prepare(name: str, device: str, smoke: bool, breakdown: bool) -> Bench:
     config = bench_config(name, device, smoke).validate()
     model = config.model
     learning_rate = piecewise_lr(config.segments())
-    key = jax.random.key(config.seed)
     make_params = jax.jit(lambda k: init_params(k, model))
-    labels = param_labels(jax.eval_shape(make_params, key))
+    labels = param_labels(jax.eval_shape(make_params, jax.random.key(config.seed)))
     optimizer = build_optimizer(config.optimizer, learning_rate, labels)
     token_bytes = jnp.asarray(np.ones(model.vocab_size, np.int32))
     functions = build_step_functions(
@@ -177,6 +176,7 @@ def prepare(name: str, device: str, smoke: bool, breakdown: bool) -> Bench:
     init_optimizer = jax.jit(optimizer.init)
 
     def init() -> TrainState:
+        key = jax.random.key(config.seed)  # fresh: the update donates the state's key data
         params = make_params(key)
         return TrainState(
             params=params,
