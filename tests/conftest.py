@@ -1,9 +1,31 @@
 """Simulate 8 CPU devices for the expert-parallel tests. XLA reads the flag when JAX starts its
 CPU backend, so it is set here, before any test module imports jax; single-device code still
-runs on device 0."""
+runs on device 0. Also: fixtures more than one test directory uses."""
 
+import gzip
+import json
 import os
+from pathlib import Path
+
+import pytest
+
+WIKITEXT_SAMPLE = Path(__file__).parents[1] / "keel/experiments/sample/wikitext2.jsonl.gz"
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
+
+
+@pytest.fixture(scope="session")
+def wikitext_cache(tmp_path_factory) -> str:
+    """A real token cache (vocabulary 512) of the bundled Wikipedia articles, built once."""
+    from keel.data.documents import write_texts
+    from keel.data.tokenize import TokenizeConfig, run_tokenize
+    from keel.flow import RunOptions
+
+    root = tmp_path_factory.mktemp("wikitext-cache")
+    with gzip.open(WIKITEXT_SAMPLE, "rt") as lines:
+        texts = [json.loads(line)["text"] for line in lines]
+    docs = write_texts(root / "docs", texts)
+    run_tokenize(docs, str(root / "cache"), TokenizeConfig(vocab_size=512), RunOptions(workers=1))
+    return str(root / "cache")

@@ -236,8 +236,18 @@ def _show_quickstart_summary(prefix: str, steps: list[Step]) -> None:
     stdout.print(
         f"token cache: {summary['tokens']:,} tokens, {summary['documents']:,} documents, "
         f"vocabulary {summary['vocab_size']:,} -> {summary['cache']}\n"
+        f"{_trained_line(summary)}\n"
         f"summary: {summary_file}\n"
         f"next: `keel status --prefix {prefix}`; run again and every step is cached."
+    )
+
+
+def _trained_line(summary: dict) -> str:
+    train = summary["train"]
+    return (
+        f"trained tiny-moe for {train['step']} steps: loss {train['loss']:.2f} nats "
+        f"(unigram entropy {summary['unigram_entropy']:.2f}), held-out "
+        f"{train['eval_loss']:.2f} nats = {train['eval_bpb']:.3f} bits/byte -> {train['output']}"
     )
 
 

@@ -79,7 +79,7 @@ def build_step_functions(
             "cross_entropy": parts.cross_entropy,
             "z_loss": parts.z_loss,
             "router_z_loss": router_z,
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "lr": learning_rate(state.step),
         }
         bias = state.router_bias

@@ -18,6 +18,7 @@ STEPS = [
     "fuzzy_dedup",
     "decontam",
     "tokenize",
+    "train",
     "summary",
 ]
 
@@ -69,6 +70,10 @@ def test_a_threshold_change_reruns_from_that_stage_on(done):
         "--json",
         "--set",
         "filter.stage.min_word_count=400",
+        "--set",
+        "train.steps=20",
+        "--set",
+        "train.phases.0.schedule.warmup_steps=5",
         timeout=600,
     )
     assert changed.returncode == 0, changed.stderr
@@ -103,3 +108,16 @@ def test_quickstart_on_ray_writes_the_same_bytes_as_local(done):
     ray_cache = ray_prefix / local_cache.name  # same step identity: same directory name
     for shard in [*sorted(local_cache.glob("*.bin")), local_cache / "manifest.json"]:
         assert (ray_cache / shard.name).read_bytes() == shard.read_bytes()
+
+
+def test_tiny_moe_learns_well_below_the_unigram_entropy(done):
+    cli, first = done
+    summary = _summary(cli.prefix)
+    train, unigram = summary["train"], summary["unigram_entropy"]
+    assert train["step"] == 300
+    assert train["loss"] < 0.75 * unigram, (train, unigram)
+    assert train["eval_loss"] < unigram - 1.0, (train, unigram)
+    assert 0.5 < train["eval_bpb"] < 3.0
+    assert "bits/byte" in first.stdout
+    metrics = Path(train["output"], "metrics.jsonl").read_text().splitlines()
+    assert len(metrics) == 300

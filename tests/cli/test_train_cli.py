@@ -1,6 +1,5 @@
 """`keel train` as a user runs it: exact resume after SIGKILL, and clear errors before compiling."""
 
-import gzip
 import json
 import os
 import signal
@@ -10,11 +9,6 @@ from pathlib import Path
 import pytest
 from conftest import error_lines
 
-from keel.data.documents import write_texts
-from keel.data.tokenize import TokenizeConfig, run_tokenize
-from keel.flow import RunOptions
-
-SAMPLE = Path(__file__).parents[2] / "keel/experiments/sample/wikitext2.jsonl.gz"
 CONFIG = """
 model:
   vocab_size: {vocab}
@@ -39,17 +33,6 @@ checkpoint_every: 5
 eval_every: 10
 eval_batches: 2
 """
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> str:
-    """A real token cache of Wikipedia articles (vocabulary 512)."""
-    root = tmp_path_factory.mktemp("train-cache")
-    with gzip.open(SAMPLE, "rt") as lines:
-        texts = [json.loads(line)["text"] for line in lines]
-    docs = write_texts(root / "docs", texts)
-    run_tokenize(docs, str(root / "cache"), TokenizeConfig(vocab_size=512), RunOptions(workers=1))
-    return str(root / "cache")
 
 
 def config_file(cli, cache: str, name: str = "run.yaml", vocab: int = 512, steps: int = 30):
@@ -120,3 +103,8 @@ def test_a_preset_and_a_config_file_are_exclusive(cli, cache):
     result = cli.run("train", str(config_file(cli, cache)), "--preset", "tiny-moe")
     assert result.returncode == 2
     assert "one of them" in error_lines(result.stderr)[0]
+
+
+@pytest.fixture
+def cache(wikitext_cache) -> str:
+    return wikitext_cache
