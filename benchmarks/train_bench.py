@@ -52,7 +52,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from keel.core.errors import KeelError
+from keel.core.errors import KeelError, UsageError
+from keel.model.grouped import blocked_swiglu, expert_swiglu_for
 from keel.model.loss import cross_entropy, target_mask
 from keel.model.size import flops_per_token, model_size
 from keel.model.transformer import forward, init_params, init_router_bias, param_labels
@@ -64,13 +65,14 @@ from keel.train.presets import preset
 from keel.train.schedule import piecewise_lr
 from keel.train.step import build_step_functions
 
+DEFAULT_KEYS = ("presets", "steps", "warmup", "repeats", "matmul_size", "budget_s", "min_batch")
 DEFAULTS = {
-    # device: (presets, timed steps, warm-up steps, repeats, matmul size)
-    "cpu": ("tiny-dense,tiny-moe", 20, 3, 3, 2048),
-    "gpu": ("1b-dense,1b-moe", 10, 3, 2, 8192),
-    "smoke": ("tiny-dense,tiny-moe", 2, 1, 1, 256),
+    "cpu": ("tiny-dense,tiny-moe", 20, 3, 3, 2048, 0.0, 0),
+    "gpu": ("1b-dense,1b-moe", 10, 3, 2, 8192, 420.0, 2),
+    "smoke": ("tiny-dense,tiny-moe", 2, 1, 1, 256, 0.0, 2),
 }
 SMOKE_BATCH = 4
+GROUPED_KINDS = ("auto", "ragged", "blocks")
 GIB = 2**30
 
 
@@ -85,6 +87,8 @@ class Bench:
     """() -> a fresh TrainState"""
     compile_s: float
     memory_bytes: int | None
+    first_batch: int = 0
+    """The batch size tried first (the preset's), when memory made this one smaller."""
     breakdown: dict | None = None
     """{"forward": compiled loss, "backward": compiled gradient}"""
     rounds: list[dict] = field(default_factory=list)
@@ -98,10 +102,20 @@ class Bench:
         return self.config.batch_size * self.seq_len
 
 
-def bench_config(name: str, device: str, smoke: bool) -> TrainConfig:
-    """The preset as this benchmark runs it: float32 on CPU, bfloat16 (and remat in a smoke
-    run) on the GPU path."""
+def bench_config(spec: str, device: str, smoke: bool, batch_size: int = 0) -> TrainConfig:
+    """The preset named by `spec` ("NAME" or "NAME@KIND", KIND a model.grouped_matmul) as this
+    benchmark runs it: float32 on CPU, bfloat16 (and remat in a smoke run) on the GPU path;
+    `batch_size` > 0 replaces the preset's."""
+    name, _, kind = spec.partition("@")
     config = preset(name)
+    if batch_size:
+        config = replace(config, batch_size=batch_size)
+    if kind:
+        if kind not in GROUPED_KINDS:
+            raise UsageError(
+                f"{spec!r}: after '@' comes a model.grouped_matmul: {', '.join(GROUPED_KINDS)}"
+            )
+        config = replace(config, model=replace(config.model, grouped_matmul=kind))
     if device == "cpu":
         return replace(config, compute_dtype="float32")
     config = replace(config, compute_dtype="bfloat16")
@@ -161,9 +175,9 @@ def _loss_fn(config: TrainConfig):
     return loss
 
 
-def prepare(name: str, device: str, smoke: bool, breakdown: bool) -> Bench:
+def prepare(name: str, device: str, smoke: bool, batch_size: int = 0) -> Bench:
     """Build the preset's update from the trainer's public pieces and compile it."""
-    config = bench_config(name, device, smoke).validate()
+    config = bench_config(name, device, smoke, batch_size).validate()
     model = config.model
     learning_rate = piecewise_lr(config.segments())
     make_params = jax.jit(lambda k: init_params(k, model))
@@ -191,15 +205,56 @@ def prepare(name: str, device: str, smoke: bool, breakdown: bool) -> Bench:
     started = time.perf_counter()
     update = functions.update.lower(state, window).compile()
     compile_s = time.perf_counter() - started
-    bench = Bench(name, config, update, init, compile_s, _memory(update))
-    if breakdown:
-        loss = _loss_fn(config)
-        args = (state.params, state.router_bias, window)
-        bench.breakdown = {
-            "forward": jax.jit(loss).lower(*args).compile(),
-            "backward": jax.jit(jax.grad(loss)).lower(*args).compile(),
-        }
-    return bench
+    return Bench(name, config, update, init, compile_s, _memory(update))
+
+
+def compile_breakdown(bench: Bench) -> None:
+    """The loss alone and its gradient, compiled for the same shapes as the update."""
+    loss = _loss_fn(bench.config)
+    state = jax.eval_shape(bench.init)
+    window = jax.ShapeDtypeStruct((bench.config.batch_size, bench.seq_len + 1), jnp.int32)
+    args = (state.params, state.router_bias, window)
+    bench.breakdown = {
+        "forward": jax.jit(loss).lower(*args).compile(),
+        "backward": jax.jit(jax.grad(loss)).lower(*args).compile(),
+    }
+
+
+def memory_limit() -> int | None:
+    """Bytes XLA may allocate on the first device (None where it does not say, as on CPU)."""
+    return (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
+
+
+def _out_of_memory(error: Exception) -> bool:
+    text = str(error)
+    return isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
+
+
+def prepare_fitting(name: str, device: str, smoke: bool, min_batch: int) -> Bench:
+    """`prepare`, halving the batch while the update does not fit in the device's memory (XLA's
+    estimate above the device's limit, or one probe update running out), down to `min_batch`
+    (0: never)."""
+    batch_size = first_batch = 0
+    while True:
+        bench = prepare(name, device, smoke, batch_size)
+        batch_size = bench.config.batch_size
+        first_batch = first_batch or batch_size
+        bench.first_batch = first_batch
+        limit = memory_limit()
+        try:
+            if limit and bench.memory_bytes and bench.memory_bytes > limit:
+                raise MemoryError(
+                    f"XLA needs {bench.memory_bytes / GIB:.1f} GiB, the device has "
+                    f"{limit / GIB:.1f} GiB"
+                )
+            run_round(bench, steps=1, warmup=0, seed=0)
+            return bench
+        except Exception as error:
+            if not _out_of_memory(error) or not min_batch or batch_size // 2 < min_batch:
+                raise
+            _log(f"{name}: batch {batch_size} does not fit ({str(error)[:160]}); halving it")
+            del bench
+            batch_size //= 2
 
 
 def _timed(fn, *args) -> tuple[float, object]:
@@ -233,12 +288,20 @@ def run_round(bench: Bench, steps: int, warmup: int, seed: int) -> dict:
     return result
 
 
-def measure_peaks(device: str, smoke: bool, size: int, first: jax.Device) -> dict:
+def measure_peaks(device: str, size: int, first: jax.Device) -> dict:
     """This round's measured matmul FLOP/s, and the datasheet peak where the table has one."""
     dtype = jnp.float32 if device == "cpu" else jnp.bfloat16
     measured = measured_matmul_peak(size=size, dtype=dtype, repeats=10, device=first)
     table = None if device == "cpu" else table_peak(first)
     return {"measured": measured, "table": table, "basis": table or measured}
+
+
+def grouped_kind(config: TrainConfig) -> str | None:
+    """The routed experts' grouped matmul as this backend resolves it; None for a dense model."""
+    if not config.model.is_moe:
+        return None
+    chosen = expert_swiglu_for(config.model.grouped_matmul)
+    return "blocks" if chosen is blocked_swiglu else "ragged"
 
 
 def summarize(bench: Bench) -> dict:
@@ -252,10 +315,12 @@ def summarize(bench: Bench) -> dict:
         "params_active": size.active,
         "params_active_matmul": size.active_matmul,
         "batch_size": bench.config.batch_size,
+        "first_batch_size": bench.first_batch,
         "seq_len": bench.seq_len,
         "tokens_per_step": bench.tokens_per_step,
         "flops_per_step": flops,
         "compute_dtype": bench.config.compute_dtype,
+        "grouped_matmul": grouped_kind(bench.config),
         "remat": bench.config.remat,
         "compile_s": bench.compile_s,
         "xla_memory_bytes": bench.memory_bytes,
@@ -286,12 +351,21 @@ def table(results: list[dict], peaks: list[dict], size: int, dtype: str) -> str:
     columns += ["MFU vs measured matmul"] if datasheet else []
     columns += ["XLA memory GiB"]
     lines = ["| " + " | ".join(columns) + " |", "| --- |" + " ---: |" * (len(columns) - 1)]
+    notes = []
     for r in results:
+        label = r["preset"] + (f" ({r['grouped_matmul']})" if r.get("grouped_matmul") else "")
         if "error" in r:
-            lines.append(f"| {r['preset']} | failed: {r['error']} |")
+            notes.append(f"{r['preset']} failed: {r['error']}")
+        if r.get("first_batch_size", 0) > r.get("batch_size", 0):
+            notes.append(
+                f"{r['preset']}: batch {r['first_batch_size']} did not fit in memory; "
+                f"measured at batch {r['batch_size']}"
+            )
+        if "step_s" not in r:
+            lines.append(f"| {label} | failed |" + " |" * (len(columns) - 2))
             continue
         cells = [
-            r["preset"],
+            label,
             f"{_count(r['params_total'])} / {_count(r['params_active'])}",
             f"{r['tokens_per_step']:,}",
             f"{r['compile_s']:.1f}",
@@ -305,6 +379,7 @@ def table(results: list[dict], peaks: list[dict], size: int, dtype: str) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     measured = [p["measured"] / 1e9 for p in peaks]
     lines.append("")
+    lines += [f"- {note}" for note in notes] + ([""] if notes else [])
     lines.append(
         f"Measured peak: {dtype} [{size}, {size}] matmul, {statistics.median(measured):,.1f} "
         f"GFLOP/s (median; rounds: {', '.join(f'{m:,.1f}' for m in measured)})"
@@ -326,76 +401,103 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _failure(error: Exception) -> str:
+    traceback.print_exc()
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+
+
+def run(
+    benches: dict[str, Bench], device: str, size: int, steps: int, warmup: int, args
+) -> tuple[list[dict], dict[str, str]]:
+    """--repeats rounds of (matmul peak, each preset); the rounds' peaks and the presets that
+    failed. A round that would end past --budget-s is not started (the first always runs)."""
+    began, peaks, errors = time.monotonic(), [], {}
+    last_round_s: dict[str, float] = {}
+    for repeat in range(args.repeats):
+        peak = measure_peaks(device, size, jax.devices()[0])
+        peaks.append(peak)
+        gflops = peak["measured"] / 1e9
+        _log(f"round {repeat + 1}/{args.repeats}: matmul {size}: {gflops:,.1f} GFLOP/s")
+        for name, bench in benches.items():
+            if name in errors:
+                continue
+            elapsed = time.monotonic() - began
+            if repeat and args.budget_s and elapsed + last_round_s[name] > args.budget_s:
+                _log(f"round {repeat + 1} {name}: skipped, it would end past --budget-s")
+                continue
+            round_began = time.monotonic()
+            try:
+                result = run_round(bench, steps, warmup, seed=repeat)
+            except Exception as error:
+                errors[name] = _failure(error)
+                continue
+            last_round_s[name] = time.monotonic() - round_began
+            bench.rounds.append({**result, "peak": peak})
+            _log(f"round {repeat + 1}/{args.repeats} {name}: step {result['step_s'] * 1e3:,.1f} ms")
+    return peaks, errors
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--smoke", action="store_true", help="the GPU path, shrunk, on any device")
-    parser.add_argument("--presets", help="comma-separated preset names")
+    parser.add_argument(
+        "--presets", help="comma-separated presets, each NAME or NAME@ragged / NAME@blocks"
+    )
     parser.add_argument("--steps", type=int, help="timed steps per round")
     parser.add_argument("--warmup", type=int, help="untimed steps before them")
     parser.add_argument("--repeats", type=int, help="rounds (each: peak, then every preset)")
     parser.add_argument("--matmul-size", type=int, help="n of the timed [n, n] matmul")
     parser.add_argument("--breakdown", action="store_true", help="also time forward, backward")
-    arguments = parser.parse_args()
-    device = "gpu" if arguments.smoke else arguments.device
-    defaults = DEFAULTS["smoke" if arguments.smoke else device]
-    names = (arguments.presets or defaults[0]).split(",")
-    steps, warmup, repeats, size = (
-        given if given is not None else default
-        for given, default in zip(
-            (arguments.steps, arguments.warmup, arguments.repeats, arguments.matmul_size),
-            defaults[1:],
-            strict=True,
-        )
-    )
-    if steps < 1 or warmup < 0 or repeats < 1 or size < 1:
+    parser.add_argument("--budget-s", type=float, help="start no round that would end later")
+    parser.add_argument("--min-batch", type=int, help="halve a batch that does not fit down to")
+    args = parser.parse_args()
+    device = "gpu" if args.smoke else args.device
+    defaults = DEFAULTS["smoke" if args.smoke else device]
+    for key, default in zip(DEFAULT_KEYS, defaults, strict=True):
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+    names = args.presets.split(",")
+    steps, warmup, size = args.steps, args.warmup, args.matmul_size
+    if steps < 1 or warmup < 0 or args.repeats < 1 or size < 1:
         raise SystemExit("--steps, --repeats and --matmul-size must be >= 1, --warmup >= 0")
     try:
         for name in names:
-            preset(name)
+            bench_config(name, device, args.smoke).validate()
     except KeelError as error:
         raise SystemExit(f"train_bench: {error}") from None
-    first = check_device(device, arguments.smoke)
+    first = check_device(device, args.smoke)
     started = datetime.datetime.now(datetime.UTC)
     _log(f"device: {first.device_kind} ({first.platform}), {jax.device_count()} visible")
 
     benches: dict[str, Bench] = {}
-    errors: dict[str, str] = {}
+    compile_errors: dict[str, str] = {}
     for name in names:
         try:
-            benches[name] = prepare(name, device, arguments.smoke, arguments.breakdown)
+            benches[name] = prepare_fitting(name, device, args.smoke, args.min_batch)
+            if args.breakdown:
+                compile_breakdown(benches[name])
         except Exception as error:  # a preset that does not fit: report it, run the others
-            traceback.print_exc()
-            errors[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            compile_errors[name] = _failure(error)
             continue
         _log(f"{name}: compiled in {benches[name].compile_s:.1f} s")
+    peaks, errors = run(benches, device, size, steps, warmup, args)
+    errors = {**compile_errors, **errors}
 
-    peaks = []
-    for repeat in range(repeats):
-        peak = measure_peaks(device, arguments.smoke, size, first)
-        peaks.append(peak)
-        _log(f"round {repeat + 1}/{repeats}: matmul {size}: {peak['measured'] / 1e9:,.1f} GFLOP/s")
-        for name, bench in list(benches.items()):
-            try:
-                result = run_round(bench, steps, warmup, seed=repeat)
-            except Exception as error:
-                traceback.print_exc()
-                errors[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-                del benches[name]
-                continue
-            result["peak"] = peak
-            bench.rounds.append(result)
-            _log(f"round {repeat + 1}/{repeats} {name}: step {result['step_s'] * 1e3:,.1f} ms")
-
-    results = [summarize(bench) for bench in benches.values()]
-    results += [{"preset": name, "error": message} for name, message in errors.items()]
+    results = []
+    for name in names:
+        bench = benches.get(name)
+        result = summarize(bench) if bench is not None and bench.rounds else {"preset": name}
+        if name in errors:
+            result["error"] = errors[name]
+        results.append(result)
     dtype = "float32" if device == "cpu" else "bfloat16"
     print(table(results, peaks, size, dtype))
     report = {
         "benchmark": "train",
         "date": started.isoformat(timespec="seconds"),
         "device": device,
-        "smoke": arguments.smoke,
+        "smoke": args.smoke,
         "device_kind": first.device_kind,
         "platform": first.platform,
         "cpu_count": os.cpu_count(),
@@ -403,9 +505,10 @@ def main() -> None:
         "jax": jax.__version__,
         "steps": steps,
         "warmup": warmup,
-        "repeats": repeats,
+        "repeats": args.repeats,
         "matmul_size": size,
         "matmul_dtype": dtype,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "peaks": peaks,
         "results": results,
     }

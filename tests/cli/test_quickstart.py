@@ -102,7 +102,9 @@ def test_unknown_backend_is_a_usage_error(cli):
 def test_quickstart_on_ray_writes_the_same_bytes_as_local(done):
     cli, _ = done
     ray_prefix = cli.root / "ray"
-    on_ray = cli.run("quickstart", "--prefix", str(ray_prefix), "--backend", "ray", timeout=900)
+    short_training = ("--set", "train.steps=5", "--set", "train.phases.0.schedule.warmup_steps=1")
+    args = ("quickstart", "--prefix", str(ray_prefix), "--backend", "ray", *short_training)
+    on_ray = cli.run(*args, timeout=900)
     assert on_ray.returncode == 0, on_ray.stderr
     local_cache = next(cli.prefix.glob("tokenize-*"))
     ray_cache = ray_prefix / local_cache.name  # same step identity: same directory name
