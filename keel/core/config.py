@@ -254,8 +254,8 @@ def _with_value(
         if int(key) >= len(node):
             where = ".".join(done)
             raise ConfigError(f"{label}: {where} has {len(node)} items, no item {key}")
-        item_annotation = _item_type(annotation)
         index = int(key)
+        item_annotation = _item_type(annotation, index)
         new = _with_value(node[index], item_annotation, rest, (*done, key), raw, label)
         return type(node)([*node[:index], new, *node[index + 1 :]])
     key_value = _dict_types(annotation)
@@ -271,12 +271,14 @@ def _with_value(
     )
 
 
-def _item_type(annotation: Any) -> Any:
-    """The annotation of one item of a tuple[X, ...] / list[X] annotation (Any otherwise)."""
+def _item_type(annotation: Any, index: int) -> Any:
+    """The annotation of item `index` of a tuple[X, ...], tuple[X, Y] or list[X] annotation."""
     args = get_args(annotation)
-    if get_origin(annotation) in (tuple, list) and args:
-        return args[0]
-    return Any
+    if get_origin(annotation) not in (tuple, list) or not args:
+        return Any
+    if get_origin(annotation) is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+        return args[index] if index < len(args) else Any
+    return args[0]
 
 
 def _dict_types(annotation: Any) -> tuple[Any, Any] | None:

@@ -124,7 +124,14 @@ class TrainConfig:
     def segments(self) -> list[Segment]:
         """The schedule segment of each phase, on the global step axis."""
         segments, start = [], 0
-        for phase, count in zip(self.phases, self.phase_steps(), strict=True):
+        for index, (phase, count) in enumerate(zip(self.phases, self.phase_steps(), strict=True)):
+            warmup = phase.schedule.warmup_steps
+            if warmup > count:
+                raise ConfigError(
+                    f"phases.{index}.schedule.warmup_steps ({warmup}) exceeds phase "
+                    f"{phase.name!r}'s {count} steps: train longer or lower it, e.g. "
+                    f"--set phases.{index}.schedule.warmup_steps={max(count // 10, 1)}"
+                )
             segments.append(Segment(start, count, phase.schedule))
             start += count
         return segments

@@ -294,3 +294,14 @@ def test_file_errors_name_the_file_and_key(tmp_path: pathlib.Path) -> None:
     path.write_text("model: {d_model: 8}\ntrain: {lr: fast}\n")
     with pytest.raises(ConfigError, match=re.escape(f"{path}: config.train.lr: expected float")):
         load_config(path, Config)
+
+
+def test_override_an_item_of_a_tuple_or_list_by_index() -> None:
+    config = apply_overrides(EXPECTED, ["train.betas.1=0.99", "train.schedule.0=5", "tags.1=c"])
+    assert config.train.betas == (0.8, 0.99)
+    assert config.train.schedule == [5, 20]
+    assert config.tags == ("a", "c")
+    with pytest.raises(ConfigError, match=r"train\.betas has 2 items, no item 2"):
+        apply_overrides(EXPECTED, ["train.betas.2=0.5"])
+    with pytest.raises(ConfigError, match="expected float"):
+        apply_overrides(EXPECTED, ["train.betas.0=fast"])
