@@ -25,8 +25,14 @@ What it measures, per preset (medians over --repeats rounds, all in one process)
 
 --device cpu computes in float32 (the peak is a float32 matmul); --device gpu in bfloat16 with
 each preset's remat, and stops at once if jax sees no GPU. --smoke runs the GPU path on tiny
-presets (bfloat16, remat on, batch 4) so it can be checked on a CPU. The table goes to stdout,
-then one JSON line with every number; progress goes to stderr.
+presets (bfloat16, remat on, batch 4) so it can be checked on a CPU. A preset named
+NAME@ragged or NAME@blocks sets model.grouped_matmul (the routed experts' grouped matmul;
+"auto" picks blocks on CPU, ragged elsewhere). On the GPU path a preset whose update does not
+fit in memory (XLA's estimate above the device's limit, or a probe step out of memory) is
+retried at half the batch, down to --min-batch; no round starts that would end past
+--budget-s (default 420 s), so the default GPU run stays inside a 10-minute slot. A preset
+that fails is reported and the others still run. The table goes to stdout, then one JSON line
+with every number; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import jax
@@ -83,10 +90,11 @@ class Bench:
     name: str
     config: TrainConfig
     update: jax.stages.Compiled
-    init: object
-    """() -> a fresh TrainState"""
+    init: Callable[[], TrainState]
+    """A fresh state (parameters from the config's seed, zero optimizer state)."""
     compile_s: float
-    memory_bytes: int | None
+    memory: tuple[int, int] | None
+    """XLA's (held, temporary) bytes for one update; see _memory."""
     first_batch: int = 0
     """The batch size tried first (the preset's), when memory made this one smaller."""
     breakdown: dict | None = None
@@ -108,8 +116,6 @@ def bench_config(spec: str, device: str, smoke: bool, batch_size: int = 0) -> Tr
     `batch_size` > 0 replaces the preset's."""
     name, _, kind = spec.partition("@")
     config = preset(name)
-    if batch_size:
-        config = replace(config, batch_size=batch_size)
     if kind:
         if kind not in GROUPED_KINDS:
             raise UsageError(
@@ -117,11 +123,12 @@ def bench_config(spec: str, device: str, smoke: bool, batch_size: int = 0) -> Tr
             )
         config = replace(config, model=replace(config.model, grouped_matmul=kind))
     if device == "cpu":
-        return replace(config, compute_dtype="float32")
-    config = replace(config, compute_dtype="bfloat16")
+        config = replace(config, compute_dtype="float32")
+    else:
+        config = replace(config, compute_dtype="bfloat16")
     if smoke:
         config = replace(config, batch_size=SMOKE_BATCH, remat=True)
-    return config
+    return replace(config, batch_size=batch_size) if batch_size else config
 
 
 def check_device(device: str, smoke: bool) -> jax.Device:
@@ -144,16 +151,18 @@ def synthetic_windows(config: TrainConfig, count: int, seed: int) -> list[jax.Ar
     return [jax.device_put(rng.integers(0, vocab, shape, dtype=np.int32)) for _ in range(count)]
 
 
-def _memory(compiled: jax.stages.Compiled) -> int | None:
+def _memory(compiled: jax.stages.Compiled) -> tuple[int, int] | None:
+    """XLA's estimate for one update: (bytes held across steps: arguments + outputs - aliased,
+    temporary bytes), or None where the backend gives none."""
     analysis = compiled.memory_analysis()
     if analysis is None:
         return None
-    return (
+    held = (
         analysis.argument_size_in_bytes
         + analysis.output_size_in_bytes
         - analysis.alias_size_in_bytes
-        + analysis.temp_size_in_bytes
     )
+    return held, analysis.temp_size_in_bytes
 
 
 def _loss_fn(config: TrainConfig):
@@ -241,20 +250,29 @@ def prepare_fitting(name: str, device: str, smoke: bool, min_batch: int) -> Benc
         first_batch = first_batch or batch_size
         bench.first_batch = first_batch
         limit = memory_limit()
+        held, temp = bench.memory or (0, 0)
         try:
-            if limit and bench.memory_bytes and bench.memory_bytes > limit:
+            if limit and held + temp > limit:
                 raise MemoryError(
-                    f"XLA needs {bench.memory_bytes / GIB:.1f} GiB, the device has "
-                    f"{limit / GIB:.1f} GiB"
+                    f"XLA needs {(held + temp) / GIB:.1f} GiB, the device has {limit / GIB:.1f}"
                 )
             run_round(bench, steps=1, warmup=0, seed=0)
             return bench
         except Exception as error:
-            if not _out_of_memory(error) or not min_batch or batch_size // 2 < min_batch:
+            if not _out_of_memory(error) or not min_batch or batch_size // 2 < max(min_batch, 1):
                 raise
-            _log(f"{name}: batch {batch_size} does not fit ({str(error)[:160]}); halving it")
+            # Temporaries scale with the batch, the state does not: skip halvings that the
+            # estimate already rules out (keeping a tenth of the limit spare), then try.
+            smaller = batch_size // 2
+            while (
+                limit
+                and smaller // 2 >= min_batch
+                and held + temp * smaller / batch_size > 0.9 * limit
+            ):
+                smaller //= 2
+            _log(f"{name}: batch {batch_size} does not fit ({str(error)[:160]}); trying {smaller}")
             del bench
-            batch_size //= 2
+            batch_size = smaller
 
 
 def _timed(fn, *args) -> tuple[float, object]:
@@ -323,7 +341,7 @@ def summarize(bench: Bench) -> dict:
         "grouped_matmul": grouped_kind(bench.config),
         "remat": bench.config.remat,
         "compile_s": bench.compile_s,
-        "xla_memory_bytes": bench.memory_bytes,
+        "xla_memory_bytes": sum(bench.memory) if bench.memory else None,
         "step_s": statistics.median(r["step_s"] for r in rounds),
         "step_s_rounds": [r["step_s"] for r in rounds],
         "mfu": statistics.median(flops / r["step_s"] / r["peak"]["basis"] for r in rounds),
@@ -353,7 +371,8 @@ def table(results: list[dict], peaks: list[dict], size: int, dtype: str) -> str:
     lines = ["| " + " | ".join(columns) + " |", "| --- |" + " ---: |" * (len(columns) - 1)]
     notes = []
     for r in results:
-        label = r["preset"] + (f" ({r['grouped_matmul']})" if r.get("grouped_matmul") else "")
+        kind = r.get("grouped_matmul")
+        label = r["preset"] + (f" ({kind})" if kind and "@" not in r["preset"] else "")
         if "error" in r:
             notes.append(f"{r['preset']} failed: {r['error']}")
         if r.get("first_batch_size", 0) > r.get("batch_size", 0):
@@ -407,32 +426,35 @@ def _failure(error: Exception) -> str:
 
 
 def run(
-    benches: dict[str, Bench], device: str, size: int, steps: int, warmup: int, args
+    benches: dict[str, Bench], device: str, size: int, began: float, args
 ) -> tuple[list[dict], dict[str, str]]:
     """--repeats rounds of (matmul peak, each preset); the rounds' peaks and the presets that
-    failed. A round that would end past --budget-s is not started (the first always runs)."""
-    began, peaks, errors = time.monotonic(), [], {}
+    failed. A round that would end more than --budget-s after `began` (time.monotonic(), the
+    start of the run) is not started; the first always runs."""
+    peaks, errors = [], {}
+    steps, warmup = args.steps, args.warmup
     last_round_s: dict[str, float] = {}
     for repeat in range(args.repeats):
+        names = [name for name in benches if name not in errors]
+        if repeat and args.budget_s:
+            elapsed = time.monotonic() - began
+            names = [name for name in names if elapsed + last_round_s[name] <= args.budget_s]
+            if not names:
+                _log(f"stopping after {repeat} round(s): another would end past --budget-s")
+                break
         peak = measure_peaks(device, size, jax.devices()[0])
         peaks.append(peak)
         gflops = peak["measured"] / 1e9
         _log(f"round {repeat + 1}/{args.repeats}: matmul {size}: {gflops:,.1f} GFLOP/s")
-        for name, bench in benches.items():
-            if name in errors:
-                continue
-            elapsed = time.monotonic() - began
-            if repeat and args.budget_s and elapsed + last_round_s[name] > args.budget_s:
-                _log(f"round {repeat + 1} {name}: skipped, it would end past --budget-s")
-                continue
+        for name in names:
             round_began = time.monotonic()
             try:
-                result = run_round(bench, steps, warmup, seed=repeat)
+                result = run_round(benches[name], steps, warmup, seed=repeat)
             except Exception as error:
                 errors[name] = _failure(error)
                 continue
             last_round_s[name] = time.monotonic() - round_began
-            bench.rounds.append({**result, "peak": peak})
+            benches[name].rounds.append({**result, "peak": peak})
             _log(f"round {repeat + 1}/{args.repeats} {name}: step {result['step_s'] * 1e3:,.1f} ms")
     return peaks, errors
 
@@ -457,7 +479,7 @@ def main() -> None:
     for key, default in zip(DEFAULT_KEYS, defaults, strict=True):
         if getattr(args, key) is None:
             setattr(args, key, default)
-    names = args.presets.split(",")
+    names = list(dict.fromkeys(args.presets.split(",")))
     steps, warmup, size = args.steps, args.warmup, args.matmul_size
     if steps < 1 or warmup < 0 or args.repeats < 1 or size < 1:
         raise SystemExit("--steps, --repeats and --matmul-size must be >= 1, --warmup >= 0")
@@ -467,7 +489,7 @@ def main() -> None:
     except KeelError as error:
         raise SystemExit(f"train_bench: {error}") from None
     first = check_device(device, args.smoke)
-    started = datetime.datetime.now(datetime.UTC)
+    started, began = datetime.datetime.now(datetime.UTC), time.monotonic()
     _log(f"device: {first.device_kind} ({first.platform}), {jax.device_count()} visible")
 
     benches: dict[str, Bench] = {}
@@ -481,7 +503,7 @@ def main() -> None:
             compile_errors[name] = _failure(error)
             continue
         _log(f"{name}: compiled in {benches[name].compile_s:.1f} s")
-    peaks, errors = run(benches, device, size, steps, warmup, args)
+    peaks, errors = run(benches, device, size, began, args)
     errors = {**compile_errors, **errors}
 
     results = []
@@ -506,6 +528,7 @@ def main() -> None:
         "steps": steps,
         "warmup": warmup,
         "repeats": args.repeats,
+        "rounds_run": len(peaks),
         "matmul_size": size,
         "matmul_dtype": dtype,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),

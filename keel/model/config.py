@@ -66,8 +66,8 @@ class ModelConfig:
     latent_dim: int = 0
     """When > 0, tokens are projected to this width before the exchange and experts work there."""
     grouped_matmul: Literal["auto", "ragged", "blocks"] = "auto"
-    """How routed experts multiply their rows: "ragged" (jax.lax.ragged_dot, for accelerators),
-    "blocks" (expert-aligned blocks, faster on CPU), "auto" (by backend; see grouped.py)."""
+    """How routed experts multiply their rows: "ragged" (jax.lax.ragged_dot), "blocks"
+    (expert-aligned blocks), "auto" (ragged on TPU, blocks elsewhere; see grouped.py)."""
     n_dense_layers: int = 0
     """The first layers use a dense SwiGLU even in an MoE model."""
     router: RouterConfig = field(default_factory=RouterConfig)

@@ -8,10 +8,13 @@ Two implementations of one contract, `expert_fn(experts, rows [m, d_e], group_si
   [128, 128] took 15.7 ms forward (a dense [4096, 128] x [128, 128] product: 1.3 ms) and 90 ms
   for the gradient, which made it most of a tiny MoE's step time.
 - "blocks": each group padded to a multiple of `block` rows, then one batched einsum over blocks
-  with each block's expert weights gathered ([blocks, d_e, f] per matrix). Padding costs at most
-  E x (block - 1) rows, the gather blocks x d_e x f weights: cheap for the small models a CPU
-  trains, too much memory for large ones, which run on accelerators with "ragged".
-"auto" picks "blocks" on CPU and "ragged" elsewhere.
+  with each block's expert weights gathered ([blocks, d_e, f] per matrix). The block grows with
+  the rows (`block_rows`: about m / (8 E), at least 64), so padding stays under E x block ~ m / 8
+  rows and the gathered weights under ~9x one layer's expert weights, whatever the model size.
+"auto" picks "ragged" on TPU, where ragged_dot is a native grouped GEMM, and "blocks" on CPU
+and GPU: jaxlib 0.10's GPU lowering of ragged_dot also multiplies every row by every expert
+unless XLA_FLAGS=--xla_gpu_experimental_use_ragged_dot_fusion=true (benchmarks/train_bench.py
+compares both on a GPU: `--presets 1b-moe@ragged`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,16 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-BLOCK_ROWS = 64
+MIN_BLOCK_ROWS = 64
+BLOCKS_PER_EXPERT = 8
+"""Target blocks per expert: fewer means more padding, more means more weights gathered."""
+
+
+def block_rows(rows: int, n_groups: int) -> int:
+    """Rows per block for `rows` rows over `n_groups` experts: a power of two near
+    rows / (BLOCKS_PER_EXPERT x n_groups), at least MIN_BLOCK_ROWS."""
+    target = max(rows // (BLOCKS_PER_EXPERT * max(n_groups, 1)), 1)
+    return max(MIN_BLOCK_ROWS, 1 << (target.bit_length() - 1))
 
 
 def ragged_swiglu(experts, rows: jax.Array, group_sizes: jax.Array) -> jax.Array:
@@ -32,11 +44,12 @@ def ragged_swiglu(experts, rows: jax.Array, group_sizes: jax.Array) -> jax.Array
 
 
 def blocked_swiglu(
-    experts, rows: jax.Array, group_sizes: jax.Array, block: int = BLOCK_ROWS
+    experts, rows: jax.Array, group_sizes: jax.Array, block: int | None = None
 ) -> jax.Array:
-    """SwiGLU experts over expert-aligned blocks of `block` rows (see the module docstring)."""
+    """SwiGLU experts over expert-aligned blocks of `block` rows (default: block_rows)."""
     m, width = rows.shape
     n_groups = group_sizes.shape[0]
+    block = block or block_rows(m, n_groups)
     padded_rows = -(-(m + n_groups * (block - 1)) // block) * block
     ends = jnp.cumsum(group_sizes)
     starts = ends - group_sizes
@@ -67,5 +80,5 @@ def blocked_swiglu(
 def expert_swiglu_for(kind: str) -> Callable:
     """The grouped SwiGLU for `kind` ("auto", "ragged" or "blocks")."""
     if kind == "auto":
-        kind = "blocks" if jax.default_backend() == "cpu" else "ragged"
+        kind = "ragged" if jax.default_backend() == "tpu" else "blocks"
     return blocked_swiglu if kind == "blocks" else ragged_swiglu

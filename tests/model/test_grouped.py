@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from keel.model.grouped import blocked_swiglu, expert_swiglu_for, ragged_swiglu
+from keel.model.grouped import block_rows, blocked_swiglu, expert_swiglu_for, ragged_swiglu
 from keel.model.moe import ExpertParams
 
 
@@ -39,3 +39,12 @@ def test_auto_picks_blocks_on_cpu():
     assert jax.default_backend() == "cpu"
     assert expert_swiglu_for("auto") is blocked_swiglu
     assert expert_swiglu_for("ragged") is ragged_swiglu
+
+
+def test_blocks_grow_with_the_rows_per_expert():
+    assert block_rows(4096, 8) == 64  # a tiny CPU model
+    assert block_rows(100, 8) == 64  # never below the minimum
+    assert block_rows(16 * 2048 * 4, 32) == 512  # 1b-moe: 131,072 rows over 32 experts
+    for rows, experts in [(4096, 8), (131_072, 32), (5000, 3)]:
+        block = block_rows(rows, experts)
+        assert block & (block - 1) == 0 and block * experts <= max(rows // 4, 64 * experts)
