@@ -21,13 +21,14 @@ What it measures, per preset (medians over --repeats rounds, all in one process)
     python benchmarks/train_bench.py [--device cpu] [--presets tiny-dense,tiny-moe]
         [--steps 20] [--warmup 3] [--repeats 3] [--breakdown]
     python benchmarks/train_bench.py --device gpu      # 1b-dense, 1b-moe in bfloat16
+    python benchmarks/train_bench.py --device gpu --presets 1b-moe@ragged,1b-moe@blocks
     python benchmarks/train_bench.py --device gpu --smoke   # the GPU path, shrunk, on any device
 
 --device cpu computes in float32 (the peak is a float32 matmul); --device gpu in bfloat16 with
 each preset's remat, and stops at once if jax sees no GPU. --smoke runs the GPU path on tiny
 presets (bfloat16, remat on, batch 4) so it can be checked on a CPU. A preset named
 NAME@ragged or NAME@blocks sets model.grouped_matmul (the routed experts' grouped matmul;
-"auto" picks blocks on CPU, ragged elsewhere). On the GPU path a preset whose update does not
+"auto" picks ragged on TPU, blocks elsewhere). On the GPU path a preset whose update does not
 fit in memory (XLA's estimate above the device's limit, or a probe step out of memory) is
 retried at half the batch, down to --min-batch; no round starts that would end past
 --budget-s (default 420 s), so the default GPU run stays inside a 10-minute slot. A preset
