@@ -9,6 +9,8 @@ from conftest import KeelCli
 
 from keel.data.token_cache import TokenCache
 
+pytestmark = pytest.mark.timeout(900)  # the module's first quickstart also trains tiny-moe
+
 STEPS = [
     "ingest_wikitext",
     "ingest_pydocs",
