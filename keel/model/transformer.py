@@ -96,8 +96,11 @@ def init_params(key: jax.Array, config: ModelConfig) -> ModelParams:
     )
 
 
-def init_router_bias(config: ModelConfig) -> jax.Array:
-    """Zero router bias [n_moe_layers, n_routed_experts] (shape [0, 0] for a dense model)."""
+def init_router_bias(config: ModelConfig) -> jax.Array | None:
+    """Zero router bias [n_moe_layers, n_routed_experts]; None for a dense model (no array of
+    size zero, which checkpoints cannot hold)."""
+    if not config.is_moe:
+        return None
     return jnp.zeros((config.n_moe_layers, config.n_routed_experts), jnp.float32)
 
 
@@ -105,7 +108,7 @@ def forward(
     params: ModelParams,
     tokens: jax.Array,
     config: ModelConfig,
-    router_bias: jax.Array,
+    router_bias: jax.Array | None,
     *,
     mesh: Mesh | None = None,
     segment_ids: jax.Array | None = None,

@@ -27,8 +27,8 @@ class TrainState:
     """ModelParams, float32."""
     opt_state: Any
     """The optax optimizer state."""
-    router_bias: jax.Array
-    """[n_moe_layers, n_routed_experts] float32."""
+    router_bias: jax.Array | None
+    """[n_moe_layers, n_routed_experts] float32; None for a dense model."""
     step: jax.Array
     """[] int32: updates done."""
     rng: jax.Array

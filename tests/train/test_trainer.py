@@ -97,3 +97,12 @@ def test_a_run_directory_refuses_another_model(wikitext_cache, tmp_path):
     other = config(wikitext_cache, steps=2, model=replace(SMALL, d_model=64))
     with pytest.raises(UsageError, match="other model"):
         train(other, str(tmp_path))
+
+
+def test_a_dense_model_trains_checkpoints_and_resumes(wikitext_cache, tmp_path):
+    dense = config(wikitext_cache, model=replace(SMALL, n_routed_experts=0), steps=4)
+    first = train(dense, str(tmp_path))
+    assert "router" not in first.last and first.last["step"] == 4
+    assert (tmp_path / "checkpoints" / "4").is_dir()
+    longer = train(replace(dense, steps=6), str(tmp_path))
+    assert longer.resumed_from == 4 and longer.last["step"] == 6
