@@ -8,7 +8,14 @@ import os
 import typer
 
 from keel import __version__
-from keel.cli import data_commands, scaling_commands, steps_commands, train_commands
+from keel.cli import (
+    data_commands,
+    scaling_commands,
+    screen_commands,
+    steps_commands,
+    sweep_commands,
+    train_commands,
+)
 from keel.core.log import setup_logging
 
 app = typer.Typer(
@@ -23,6 +30,8 @@ app = typer.Typer(
 steps_commands.register(app)
 data_commands.register(app)
 scaling_commands.register(app)
+sweep_commands.register(scaling_commands.app)
+screen_commands.register(scaling_commands.app)
 train_commands.register(app)
 
 

@@ -58,12 +58,12 @@ def train_command(
       keel train --preset tiny-moe --steps 200
       keel train run.yaml --set optimizer.name=muon --output runs/muon
     """
-    config, name = _load(config_file, preset_name, overrides)
+    config, name = load_train_config(config_file, preset_name, overrides)
     if steps is not None:
         config = replace(config, steps=steps)
     config.validate()
     if not config.data and not all(phase.mixture for phase in config.phases):
-        config = config.with_data((_bundled_cache(prefix),))
+        config = config.with_data((bundled_cache(prefix),))
     output = output or paths.join(prefix, f"train-{name}")
     progress = Progress(
         TextColumn("[bold]train[/]"),
@@ -100,7 +100,7 @@ def train_command(
     )
 
 
-def _load(
+def load_train_config(
     config_file: str | None, preset_name: str | None, overrides: list[str]
 ) -> tuple[TrainConfig, str]:
     if (config_file is None) == (preset_name is None):
@@ -111,7 +111,7 @@ def _load(
     return load_config(config_file, TrainConfig, overrides), stem
 
 
-def _bundled_cache(prefix: str) -> str:
+def bundled_cache(prefix: str) -> str:
     """Build (or find cached) the quickstart's token cache under `prefix`; its path."""
     source = resources.files("keel.experiments") / "quickstart.py"
     with resources.as_file(source) as experiment:

@@ -230,6 +230,19 @@ def _fit_frontier(log_c: np.ndarray, loss: np.ndarray, start=None) -> np.ndarray
     return least_squares(residuals, np.clip(start, *bounds), bounds=bounds).x
 
 
+def _resample_sizes(
+    rng: np.random.Generator, rows: np.ndarray, params: np.ndarray, tries: int = 100
+) -> np.ndarray | None:
+    """A resample (with replacement) of one budget's runs that still holds 3 distinct sizes, the
+    fewest a parabola needs; None if `tries` draws found none. With exactly 3 runs in a budget
+    every accepted resample is the budget itself, so its N* carries no sampling spread."""
+    for _ in range(tries):
+        pick = rng.choice(rows, rows.size)
+        if np.unique(params[pick]).size >= 3:
+            return pick
+    return None
+
+
 def fit_isoflop(
     runs: Runs,
     budgets: list[float] | None = None,
@@ -253,8 +266,8 @@ def fit_isoflop(
     for _ in range(bootstrap):
         log_n_opt, minima = [], []
         for _, rows in groups:
-            pick = rng.choice(rows, rows.size)
-            coeffs = _parabola(np.log(runs.params[pick]), runs.loss[pick])
+            pick = _resample_sizes(rng, rows, runs.params)
+            coeffs = None if pick is None else _parabola(np.log(runs.params[pick]), runs.loss[pick])
             if coeffs is None:
                 break
             x = -coeffs[1] / (2.0 * coeffs[0])
