@@ -85,7 +85,7 @@ def train_command(
         print_json({"output": result.output, "resumed_from": result.resumed_from, **result.last})
         return
     last = result.last
-    if not last:
+    if result.resumed_from == config.total_steps:
         stdout.print(f"{output}: already trained to step {config.total_steps}; nothing to do")
         return
     resumed = f" (resumed from step {result.resumed_from})" if result.resumed_from else ""

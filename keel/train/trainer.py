@@ -75,7 +75,7 @@ class TrainResult:
     steps: int
     resumed_from: int | None
     last: dict[str, Any] = field(default_factory=dict)
-    """The last step's metrics (evaluation included)."""
+    """The last step's metrics (evaluation included), from result.json when nothing ran."""
 
 
 def train(
@@ -133,7 +133,11 @@ def train(
             if on_step is not None:
                 on_step(line)
     checkpoints.close()
-    paths.write_text(paths.join(output, RESULT_FILE), json.dumps(result.last, indent=2) + "\n")
+    result_path = paths.join(output, RESULT_FILE)
+    if result.last:
+        paths.write_text(result_path, json.dumps(result.last, indent=2) + "\n")
+    elif paths.exists(result_path):  # already trained to the end: nothing ran
+        result.last = json.loads(paths.read_text(result_path))
     return result
 
 

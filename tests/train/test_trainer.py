@@ -106,3 +106,6 @@ def test_a_dense_model_trains_checkpoints_and_resumes(wikitext_cache, tmp_path):
     assert (tmp_path / "checkpoints" / "4").is_dir()
     longer = train(replace(dense, steps=6), str(tmp_path))
     assert longer.resumed_from == 4 and longer.last["step"] == 6
+    again = train(replace(dense, steps=6), str(tmp_path))  # finished: nothing runs
+    assert again.resumed_from == 6 and again.last == longer.last
+    assert json.loads((tmp_path / "result.json").read_text()) == longer.last
