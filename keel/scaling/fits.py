@@ -161,9 +161,9 @@ class IsoflopFit:
         n_opt = self.G * flops**self.a
         loss = loss_interval = None
         if self.frontier is not None:
-            loss = float(_frontier(self.frontier[:3], log_c - self.frontier[3]))
+            loss = float(frontier_loss(self.frontier[:3], log_c - self.frontier[3]))
             ok = self.samples[:, 5] > 0
-            loss_s = _frontier(self.samples[ok, 2:5].T, log_c - self.frontier[3])
+            loss_s = frontier_loss(self.samples[ok, 2:5].T, log_c - self.frontier[3])
             loss_interval = _interval(loss_s, self.level)
         return Prediction(
             float(flops), float(n_opt), float(flops / (6.0 * n_opt)), loss,
@@ -179,7 +179,8 @@ def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def _frontier(theta, x):
+def frontier_loss(theta, x):
+    """L = E + K·exp(-c·x) for theta = (E, K, c), x = ln C - ln C₀ (nats)."""
     e, k, c = theta
     return e + k * np.exp(-c * x)
 
@@ -216,7 +217,7 @@ def _fit_budget(flops: float, rows: np.ndarray, runs: Runs) -> BudgetFit:
     )  # fmt: skip
 
 
-def _fit_frontier(log_c: np.ndarray, loss: np.ndarray, start=None) -> np.ndarray:
+def fit_frontier(log_c: np.ndarray, loss: np.ndarray, start=None) -> np.ndarray:
     """(E, K, c) of L* = E + K·exp(-c·x), x = ln C - mean; least squares on ln L*."""
     if start is None:
         e0 = 0.9 * loss.min()
@@ -224,7 +225,7 @@ def _fit_frontier(log_c: np.ndarray, loss: np.ndarray, start=None) -> np.ndarray
         start = (e0, float(np.exp(np.log(loss - e0).mean())), max(-slope, 1e-3))
 
     def residuals(theta):
-        return np.log(np.maximum(_frontier(theta, log_c), 1e-12)) - np.log(loss)
+        return np.log(np.maximum(frontier_loss(theta, log_c), 1e-12)) - np.log(loss)
 
     bounds = ([0.0, 0.0, 0.0], [loss.min(), np.inf, 5.0])
     return least_squares(residuals, np.clip(start, *bounds), bounds=bounds).x
@@ -260,7 +261,7 @@ def fit_isoflop(
     a, log_g = np.polyfit(log_c, np.log([f.n_opt for f in fits]), 1)
     loss_opt = np.array([f.loss_opt for f in fits])
     center = float(log_c.mean())
-    frontier = _fit_frontier(log_c - center, loss_opt) if len(fits) >= 3 else None
+    frontier = fit_frontier(log_c - center, loss_opt) if len(fits) >= 3 else None
     rng = np.random.default_rng(seed)
     samples = []
     for _ in range(bootstrap):
@@ -277,7 +278,7 @@ def fit_isoflop(
             slope, intercept = np.polyfit(log_c, log_n_opt, 1)
             theta = (np.nan,) * 3
             if frontier is not None:
-                theta = _fit_frontier(log_c - center, np.array(minima), frontier)
+                theta = fit_frontier(log_c - center, np.array(minima), frontier)
             samples.append((intercept, slope, *theta, float(frontier is not None)))
     if len(samples) < max(bootstrap // 2, 1):
         raise KeelError(f"only {len(samples)} of {bootstrap} bootstrap resamples could be fitted")

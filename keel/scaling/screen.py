@@ -30,12 +30,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from keel.core import paths
 from keel.core.config import apply_overrides
 from keel.core.errors import ConfigError, UsageError
 from keel.scaling.budget import RunPoint, at_budget, read_run
+from keel.scaling.fits import fit_frontier, frontier_loss
 from keel.steps import Step, output_of
 from keel.train.config import TrainConfig
 from keel.train.presets import preset
@@ -201,13 +201,14 @@ def fit_baseline(flops, loss) -> BaselineFit:
     theta = _line(x, l_arr, 0.0)
     if c_arr.size > MIN_BUDGETS:
         starts = [_line(x, l_arr, f * l_arr.min()) for f in (0.0, 0.5, 0.8, 0.9, 0.95, 0.99)]
+        candidates = [fit_frontier(x, l_arr, (e, math.exp(k), c)) for e, k, c in starts]
 
-        def residuals(t):
-            return np.log(t[0] + np.exp(t[1] - t[2] * x)) - np.log(l_arr)
+        def misfit(t: np.ndarray) -> float:
+            fitted = np.maximum(frontier_loss(t, x), 1e-12)
+            return float(np.sum((np.log(fitted) - np.log(l_arr)) ** 2))
 
-        bounds = ([0.0, -np.inf, 0.0], [l_arr.min() * (1 - 1e-9), np.inf, 10.0])
-        fits = [least_squares(residuals, np.clip(s, *bounds), bounds=bounds) for s in starts]
-        theta = min(fits, key=lambda r: r.cost).x
+        e, k, c = min(candidates, key=misfit)
+        theta = np.array([min(e, l_arr.min() * (1 - 1e-9)), math.log(k), c])
     e, log_k, c = (float(v) for v in theta)
     if not c > 1e-9:
         pairs = ", ".join(f"{l_:.4f} at {c_:.3g}" for c_, l_ in zip(c_arr, l_arr, strict=True))
