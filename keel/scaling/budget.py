@@ -26,14 +26,18 @@ def tokens_per_step(config: TrainConfig) -> int:
     return config.batch_size * config.phases[-1].seq_len
 
 
+def flops_per_step(config: TrainConfig) -> float:
+    """Training FLOPs of one step of the run's (last) phase: FLOPs per token x tokens per step."""
+    return flops_per_token(config.model, config.phases[-1].seq_len) * tokens_per_step(config)
+
+
 def at_budget(config: TrainConfig, flops: float) -> TrainConfig:
     """`config` (one phase) trained for the steps `flops` FLOPs buy: steps = C / (FLOPs per
     token x tokens per step), rounded, at least 1; warmup capped at a tenth of them."""
     if len(config.phases) != 1:
         raise ConfigError("a budgeted run has one phase; give the sweep a single-phase config")
     phase = config.phases[0]
-    per_step = flops_per_token(config.model, phase.seq_len) * tokens_per_step(config)
-    steps = max(1, round(flops / per_step))
+    steps = max(1, round(flops / flops_per_step(config)))
     warmup = min(phase.schedule.warmup_steps, max(steps // 10, 1))
     schedule = replace(phase.schedule, warmup_steps=warmup)
     return replace(config, steps=steps, phases=(replace(phase, tokens=0, schedule=schedule),))

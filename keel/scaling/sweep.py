@@ -36,7 +36,7 @@ from keel.core import paths
 from keel.core.errors import ConfigError
 from keel.model.config import ModelConfig
 from keel.model.size import flops_per_token
-from keel.scaling.budget import at_budget, fit_size, read_run, tokens_per_step
+from keel.scaling.budget import at_budget, fit_size, flops_per_step, read_run, tokens_per_step
 from keel.steps import Step, output_of
 from keel.train.config import DataSource, TrainConfig
 from keel.train.presets import preset
@@ -245,7 +245,7 @@ def _point(
     config: SweepConfig, budget: float, label: str, shaped: TrainConfig, params: int, where: str
 ) -> SweepPoint:
     seq_len = shaped.phases[0].seq_len
-    per_step = flops_per_token(shaped.model, seq_len) * tokens_per_step(shaped)
+    per_step = flops_per_step(shaped)
     if budget / per_step < config.min_steps:
         raise ConfigError(
             f"{where} buys {budget / per_step:.3g} steps of {label} (N={params:.3g}, "
