@@ -4,6 +4,7 @@ anything the table does not know)."""
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -50,6 +51,11 @@ def measured_matmul_peak(
 
 
 def device_peak(device: jax.Device | None = None, compute_dtype: jnp.dtype = jnp.float32) -> float:
-    """The table's peak for a known accelerator, else a measured matmul in `compute_dtype`."""
-    device = device or jax.devices()[0]
+    """The table's peak for a known accelerator, else a measured matmul in `compute_dtype`,
+    measured once per process and device (a sweep trains many runs in one process)."""
+    return _device_peak(device or jax.devices()[0], jnp.dtype(compute_dtype))
+
+
+@functools.cache
+def _device_peak(device: jax.Device, compute_dtype: jnp.dtype) -> float:
     return table_peak(device) or measured_matmul_peak(dtype=compute_dtype, device=device)
