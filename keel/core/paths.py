@@ -73,7 +73,8 @@ def read_text(path: str | os.PathLike[str]) -> str:
 def write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write a small file so that readers see the old content or the new, never a torn one.
 
-    Locally: write a temporary sibling, fsync, rename over. Object stores: one PUT is atomic.
+    Locally: write a temporary sibling, fsync, rename over, fsync the directory (so the rename
+    survives a power cut too). Object stores: one PUT is atomic.
     """
     if is_local(path):
         target = local_path(path)
@@ -84,9 +85,19 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, target)
+        fsync_directory(target.parent)
         return
     fs, fs_path = filesystem(path)
     fs.pipe_file(fs_path, text.encode("utf-8"))
+
+
+def fsync_directory(directory: str | os.PathLike[str]) -> None:
+    """Make a local directory's entries (files created, renamed or removed in it) durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def open_file(path: str | os.PathLike[str], mode: str = "rb") -> IO[Any]:

@@ -1,0 +1,211 @@
+"""Running a query: each namespace becomes a DuckDB view over what its indexes could not rule out.
+
+For one namespace the view is the union of (a) whole segment files, read by DuckDB's own Parquet
+scan, (b) the few row groups of other segments that the predicates leave (read with pyarrow and
+handed over as Arrow), and (c) rows still in the write-ahead log. A segment whose index is missing
+or stale is always read whole. A segment with most of its row groups left is read whole too:
+DuckDB's scan re-applies the filter and is faster than handing over most of a file. Every view
+lists only the columns the query names, and file access is limited to the store's root, so a
+query cannot read other files on the machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from keel.telemetry import plan as planner
+from keel.telemetry.manifest import Manifest, SegmentEntry
+from keel.telemetry.schema import TelemetryQueryError
+from keel.telemetry.segment import segment_path
+from keel.telemetry.sidecar import SegmentIndex
+
+WHOLE_FILE_FRACTION = 0.5  # read a segment whole when at least this share of its row groups is left
+
+IndexLookup = Callable[[str, SegmentEntry], SegmentIndex | None]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A namespace at one instant: its manifest and the rows not yet in a segment."""
+
+    directory: Path
+    manifest: Manifest
+    pending: tuple[pa.Table, ...] = ()
+
+    @property
+    def segments_directory(self) -> Path:
+        return self.directory / "segments"
+
+
+def connect() -> duckdb.DuckDBPyConnection:
+    """A private in-memory DuckDB: each query gets its own views and settings."""
+    connection = duckdb.connect()
+    connection.execute("SET TimeZone = 'UTC'")
+    return connection
+
+
+@dataclass
+class ScanReport:
+    """How much of one namespace a query reads: segments and row groups in total, those read
+    (whole files or picked row groups), rows still in the WAL, and the pruning predicates."""
+
+    namespace: str
+    segments: int = 0
+    row_groups: int = 0
+    row_groups_read: int = 0
+    unindexed_segments: int = 0
+    pending_rows: int = 0
+    predicates: list[str] = field(default_factory=list)
+    from_value_counts: bool = False
+
+    def to_dict(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+
+def run_query(
+    sql: str,
+    root: Path,
+    snapshots: Callable[[set[str] | None], dict[str, Snapshot]],
+    index_of: IndexLookup,
+    *,
+    execute: bool = True,
+) -> tuple[pa.Table | None, list[ScanReport]]:
+    """Run `sql` (or with execute=False only plan it); return the result and what was read.
+
+    `snapshots(names)` gives the named namespaces (None: all of them, for their schemas)."""
+    connection = connect()
+    try:
+        every = snapshots(None)
+        schemas = {name: s.manifest.schema for name, s in every.items()}
+        times = {name: s.manifest.options.time_column for name, s in every.items()}
+        query_plan = planner.plan_query(connection, sql, schemas, times)
+        current = snapshots(set(query_plan.tables)) if query_plan.tables else {}
+        if query_plan.count is not None:
+            snapshot = current[query_plan.count.namespace]
+            counted = _count_table(query_plan.count, snapshot, index_of)
+            if counted is not None:
+                report = ScanReport(
+                    snapshot.manifest.namespace,
+                    segments=len(snapshot.manifest.segments),
+                    row_groups=sum(s.row_groups for s in snapshot.manifest.segments),
+                    pending_rows=sum(t.num_rows for t in snapshot.pending),
+                    from_value_counts=True,
+                )
+                if not execute:
+                    return None, [report]
+                connection.register(planner.COUNTS_TABLE, counted)
+                return _execute(connection, root, query_plan.count.sql), [report]
+        reports = [
+            _create_view(connection, position, scan, current[scan.namespace], index_of)
+            for position, scan in enumerate(query_plan.tables.values())
+        ]
+        return (_execute(connection, root, sql) if execute else None), reports
+    finally:
+        connection.close()
+
+
+def _execute(connection: duckdb.DuckDBPyConnection, root: Path, sql: str) -> pa.Table:
+    allowed = f"{root}/".replace("'", "''")
+    connection.execute(f"SET allowed_directories = ['{allowed}']")
+    connection.execute("SET enable_external_access = false")
+    try:
+        return connection.sql(sql).to_arrow_table()
+    except duckdb.IOException:
+        raise
+    except duckdb.Error as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise TelemetryQueryError(f"query failed: {message}") from None
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _create_view(
+    connection: duckdb.DuckDBPyConnection,
+    position: int,
+    scan: planner.TableScan,
+    snapshot: Snapshot,
+    index_of: IndexLookup,
+) -> ScanReport:
+    """Create the namespace's view over what its indexes leave; report what it reads."""
+    schema = snapshot.manifest.schema
+    columns = [c for c in schema.names if scan.columns is None or c in scan.columns]
+    if not columns:
+        columns = [snapshot.manifest.options.time_column or schema.names[0]]
+    report = ScanReport(
+        scan.namespace,
+        segments=len(snapshot.manifest.segments),
+        pending_rows=sum(t.num_rows for t in snapshot.pending),
+        predicates=[repr(p) for p in scan.predicates],
+    )
+    whole: list[str] = []
+    pieces: list[pa.Table] = []
+    for entry in snapshot.manifest.segments:
+        report.row_groups += entry.row_groups
+        path = segment_path(snapshot.segments_directory, entry.name)
+        index = index_of(snapshot.manifest.namespace, entry) if scan.predicates else None
+        if index is None:
+            report.unindexed_segments += bool(scan.predicates)
+            report.row_groups_read += entry.row_groups
+            whole.append(str(path))
+            continue
+        keep = index.candidates(scan.predicates)
+        if not keep.any():
+            continue
+        if keep.mean() >= WHOLE_FILE_FRACTION:
+            report.row_groups_read += entry.row_groups
+            whole.append(str(path))
+        else:
+            groups = np.flatnonzero(keep).tolist()
+            report.row_groups_read += len(groups)
+            pieces.append(pq.ParquetFile(path).read_row_groups(groups, columns=columns))
+    pieces.extend(table.select(columns) for table in snapshot.pending)
+    selected = ", ".join(_quote(c) for c in columns)
+    parts = []
+    if whole:
+        files = ", ".join("'" + f.replace("'", "''") + "'" for f in whole)
+        parts.append(f"SELECT {selected} FROM read_parquet([{files}])")
+    if pieces or not parts:
+        rows_name = f"__keel_rows_{position}"
+        target = pa.schema([schema.field(c) for c in columns])
+        connection.register(rows_name, pa.concat_tables([target.empty_table(), *pieces]))
+        parts.append(f"SELECT {selected} FROM {rows_name}")
+    connection.execute(f"CREATE TEMP VIEW {_quote(scan.namespace)} AS {' UNION ALL '.join(parts)}")
+    return report
+
+
+def _count_table(
+    count: planner.CountPlan, snapshot: Snapshot, index_of: IndexLookup
+) -> pa.Table | None:
+    """{group value, __keel_count} from value counts, or None when a segment has none."""
+    manifest = snapshot.manifest
+    if count.group_column is None:
+        total = manifest.rows + sum(t.num_rows for t in snapshot.pending)
+        return pa.table({planner.COUNT_COLUMN: pa.array([total], pa.int64())})
+    totals: dict[object, int] = {}
+    for entry in manifest.segments:
+        index = index_of(manifest.namespace, entry)
+        counts = index.value_counts(count.group_column) if index is not None else None
+        if counts is None:
+            return None
+        for value, rows in counts.items():
+            totals[value] = totals.get(value, 0) + rows
+    for table in snapshot.pending:
+        for item in pc.value_counts(table.column(count.group_column)).to_pylist():
+            totals[item["values"]] = totals.get(item["values"], 0) + item["counts"]
+    kind = manifest.schema.field(count.group_column).type
+    return pa.table(
+        {
+            count.group_column: pa.array(list(totals), kind),
+            planner.COUNT_COLUMN: pa.array(list(totals.values()), pa.int64()),
+        }
+    )

@@ -1,0 +1,112 @@
+"""Immutable Parquet segments: rows sorted by the namespace's cluster key, zstd, fixed row groups.
+
+Sorting by a key column (a job id) then time puts one key's rows into few row groups, which is what
+lets postings skip the rest; segments themselves follow arrival order, so time ranges prune whole
+segments. A segment is written under a temporary name, fsynced and renamed; it becomes visible only
+when the manifest names it. Its checksum (xxh3-64 of the file) ties it to its sidecar index.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xxhash
+
+from keel.core import paths
+from keel.telemetry.manifest import SegmentEntry
+from keel.telemetry.schema import NamespaceOptions
+from keel.telemetry.sidecar import SegmentIndex, build_index, save_index
+
+COMPRESSION = "zstd"
+
+
+def segment_path(directory: Path, name: str) -> Path:
+    return directory / f"{name}.parquet"
+
+
+def index_path(directory: Path, name: str) -> Path:
+    return directory / f"{name}.idx"
+
+
+def cluster_column(table: pa.Table, options: NamespaceOptions) -> str | None:
+    """The column to cluster by when the options leave it open: the declared or most selective
+    key-typed string column with many values (a job or run id), else None."""
+    if options.cluster_by is not None:
+        return options.cluster_by[0] if options.cluster_by else None
+    candidates = options.key_columns
+    if candidates is None:
+        candidates = [f.name for f in table.schema if pa.types.is_string(f.type)]
+    best, best_distinct = None, 0
+    for name in candidates:
+        distinct = pc.count_distinct(table.column(name)).as_py()
+        if 16 < distinct <= max(16, table.num_rows // 8) and distinct > best_distinct:
+            best, best_distinct = name, distinct
+    return best
+
+
+def write_segment(
+    directory: Path, table: pa.Table, options: NamespaceOptions, row_group_rows: int, *, name: str
+) -> tuple[SegmentEntry, SegmentIndex]:
+    """Sort, write and index `table` as segment `name`; return its manifest entry and index."""
+    cluster = cluster_column(table, options)
+    keys = [cluster] if cluster else []
+    if options.time_column and options.time_column not in keys:
+        keys.append(options.time_column)
+    if keys and table.num_rows > 1:
+        table = table.sort_by([(key, "ascending") for key in keys])
+    final = segment_path(directory, name)
+    temporary = directory / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+    pq.write_table(
+        table,
+        temporary,
+        compression=COMPRESSION,
+        row_group_size=row_group_rows,
+        write_statistics=True,
+    )
+    with open(temporary, "rb+") as handle:
+        checksum = f"{xxhash.xxh3_64_intdigest(handle.read()):016x}"
+        os.fsync(handle.fileno())
+    group_rows = [
+        pq.ParquetFile(temporary).metadata.row_group(i).num_rows
+        for i in range(pq.ParquetFile(temporary).metadata.num_row_groups)
+    ]
+    index = build_index(table, group_rows, options, checksum)
+    save_index(index_path(directory, name), index)
+    os.replace(temporary, final)
+    paths.fsync_directory(directory)
+    entry = SegmentEntry(
+        name=name,
+        rows=table.num_rows,
+        bytes=final.stat().st_size,
+        checksum=checksum,
+        row_groups=len(group_rows),
+        min_time=_time_or_none(index.time_min, min),
+        max_time=_time_or_none(index.time_max, max),
+    )
+    return entry, index
+
+
+def rebuild_index(directory: Path, entry: SegmentEntry, options: NamespaceOptions) -> SegmentIndex:
+    """Index an existing segment again (its sidecar was missing or did not match)."""
+    path = segment_path(directory, entry.name)
+    parquet = pq.ParquetFile(path)
+    group_rows = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
+    index = build_index(parquet.read(), group_rows, options, entry.checksum)
+    save_index(index_path(directory, entry.name), index)
+    return index
+
+
+def new_segment_name(first_generation: int, last_generation: int) -> str:
+    return f"{first_generation:012d}-{last_generation:012d}-{uuid.uuid4().hex[:8]}"
+
+
+def _time_or_none(values, pick) -> int | None:
+    if values is None:
+        return None
+    present = [int(v) for v in values if v not in (2**63 - 1, -(2**63))]
+    return pick(present) if present else None

@@ -1,0 +1,597 @@
+"""The telemetry store: namespaced tables of rows on local disk, written durably, queried with SQL.
+
+Write path: rows are checked against the namespace's schema, appended to the namespace's current
+write-ahead log generation and fsynced (the write returns only then); when a generation holds
+`flush_rows` rows, `flush_bytes` bytes or rows older than `flush_seconds`, it is sealed and a
+background thread writes it as a sorted, indexed Parquet segment and commits the manifest, after
+which the WAL file is deleted. Read path: keel.telemetry.query over the manifest's segments plus
+the rows still in WAL generations.
+
+One process writes a root at a time (an flock on `<root>/.writer.lock`, taken by the first write;
+the kernel releases it if the process dies); any number of processes query it. A reader that is not
+the writer reads WAL files before the manifest, so a generation flushed in between is found in its
+segment, never lost and never counted twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from keel.telemetry import compaction, segment, wal
+from keel.telemetry.compaction import CompactionReport
+from keel.telemetry.manifest import Manifest, SegmentEntry, load_manifest, save_manifest
+from keel.telemetry.query import ScanReport, Snapshot, run_query
+from keel.telemetry.schema import (
+    NamespaceOptions,
+    StoreBusyError,
+    TelemetryInputError,
+    TelemetryQueryError,
+    check_namespace,
+    resolve_options,
+    to_table,
+)
+from keel.telemetry.sidecar import SegmentIndex, load_index
+
+logger = logging.getLogger(__name__)
+LOCK_FILE = ".writer.lock"
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """Sizes in rows and bytes, ages in seconds. See the module docstring for what each drives."""
+
+    flush_rows: int = 1_000_000
+    flush_bytes: int = 256 << 20
+    flush_seconds: float = 5.0
+    row_group_rows: int = 65_536
+    compact_target_rows: int = 8_000_000
+    background: bool = True
+    auto_compact_seconds: float | None = None
+    retire_grace_seconds: float = 60.0  # replaced segment files outlive their manifest this long
+    max_sealed: int = 4  # writes wait while this many generations await their flush
+
+
+@dataclass
+class _Generation:
+    """Rows of one WAL generation that are not in a segment yet."""
+
+    number: int
+    tables: list[pa.Table] = field(default_factory=list)
+    rows: int = 0
+    bytes: int = 0
+    since: float = 0.0  # time.monotonic() of the first row
+
+
+@dataclass
+class _Namespace:
+    """The writer's state of one namespace; guarded by the store's `_state` lock."""
+
+    directory: Path
+    manifest: Manifest
+    next_generation: int
+    active: _Generation | None = None
+    log: wal.WalWriter | None = None
+    sealed: list[_Generation] = field(default_factory=list)
+    appending: threading.Lock = field(default_factory=threading.Lock)
+
+
+class TelemetryStore:
+    """Namespaced tables under `root`; see the module docstring. Use as a context manager."""
+
+    def __init__(self, root: str | os.PathLike[str], options: StoreOptions | None = None) -> None:
+        self.root = Path(root).resolve()
+        self.options = options or StoreOptions()
+        self._state = threading.Condition(threading.RLock())
+        self._work = threading.RLock()  # one flush, rebuild or compaction at a time
+        self._spaces: dict[str, _Namespace] = {}
+        self._indexes: dict[tuple[str, str], SegmentIndex] = {}
+        self._rebuild: set[tuple[str, str]] = set()
+        self._lock_fd = -1
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._failure: BaseException | None = None
+        self._last_compaction = time.monotonic()
+
+    # -- public API -------------------------------------------------------------------------
+
+    def create(
+        self, namespace: str, schema: pa.Schema, options: NamespaceOptions | None = None
+    ) -> None:
+        """Declare a namespace's schema and options (a no-op if it exists with that schema)."""
+        check_namespace(namespace)
+        self._ensure_writer()
+        with self._state:
+            existing = self._spaces.get(namespace)
+            if existing is not None:
+                if not existing.manifest.schema.equals(schema):
+                    raise TelemetryInputError(
+                        f"namespace {namespace} exists with another schema: "
+                        f"{existing.manifest.schema.to_string(show_schema_metadata=False)}"
+                    )
+                return
+            self._new_namespace(namespace, schema, options)
+
+    def write(self, namespace: str, data: pa.Table | pa.RecordBatch | list[dict[str, Any]]) -> int:
+        """Append rows; return how many. They are durable (fsynced) when this returns."""
+        check_namespace(namespace)
+        self._ensure_writer()
+        with self._state:
+            space = self._spaces.get(namespace)
+        table = to_table(data, space.manifest.schema if space else None)
+        if table.num_rows == 0:
+            return 0
+        if space is None:
+            with self._state:
+                space = self._spaces.get(namespace) or self._new_namespace(
+                    namespace, table.schema, None
+                )
+            table = to_table(table, space.manifest.schema)
+        with self._state:
+            while len(space.sealed) >= self.options.max_sealed and self._thread is not None:
+                self._raise_failure()
+                self._state.wait(0.5)
+        with space.appending:
+            if space.active is None:
+                number = space.next_generation
+                space.next_generation += 1
+                space.log = wal.WalWriter(wal.generation_path(space.directory / "wal", number))
+                space.active = _Generation(number, since=time.monotonic())
+            written = space.log.append(table)
+            with self._state:
+                space.active.tables.append(table)
+                space.active.rows += table.num_rows
+                space.active.bytes += written
+                full = (
+                    space.active.rows >= self.options.flush_rows
+                    or space.active.bytes >= self.options.flush_bytes
+                )
+                if full:
+                    self._seal(space)
+        if full:
+            self._after_seal()
+        return table.num_rows
+
+    def query(self, sql: str) -> pa.Table:
+        """Run DuckDB SQL; each namespace is a table of that name (quote dotted names)."""
+        return self._run(sql, execute=True)[0]
+
+    def explain(self, sql: str) -> list[ScanReport]:
+        """What `query(sql)` would read per namespace (segments, row groups), without running it."""
+        return self._run(sql, execute=False)[1]
+
+    def _run(self, sql: str, *, execute: bool) -> tuple[pa.Table | None, list[ScanReport]]:
+        for attempt in range(3):
+            try:
+                return run_query(sql, self.root, self._snapshots, self._index, execute=execute)
+            except duckdb.IOException as error:
+                # A segment retired by a compaction in another process since we read the manifest.
+                if attempt == 2:
+                    raise TelemetryQueryError(
+                        f"query failed: {str(error).splitlines()[0]}"
+                    ) from None
+        raise AssertionError("unreachable")
+
+    def tail(self, namespace: str, limit: int = 20, after: datetime | None = None) -> pa.Table:
+        """The newest `limit` rows (newer than `after` if given), oldest first."""
+        check_namespace(namespace)
+        manifest = self._manifest(namespace)
+        column = manifest.options.time_column
+        if column is None:
+            raise TelemetryQueryError(f"namespace {namespace} has no time column to tail by")
+        where = ""
+        if after is not None:
+            if after.tzinfo is not None:
+                after = after.astimezone(UTC).replace(tzinfo=None)
+            where = f" WHERE \"{column}\" > TIMESTAMP '{after.isoformat(sep=' ')}'"
+        return self.query(
+            f'SELECT * FROM (SELECT * FROM "{namespace}"{where} '
+            f'ORDER BY "{column}" DESC LIMIT {int(limit)}) ORDER BY "{column}"'
+        )
+
+    def namespaces(self) -> dict[str, pa.Schema]:
+        return {name: snap.manifest.schema for name, snap in sorted(self._snapshots(None).items())}
+
+    def flush(self, namespace: str | None = None) -> None:
+        """Turn every buffered row (of one namespace or all) into segments now."""
+        self._ensure_writer()
+        with self._state:
+            spaces = [s for n, s in self._spaces.items() if namespace in (None, n)]
+        for space in spaces:
+            with space.appending, self._state:
+                self._seal(space)
+        self._flush_sealed()
+
+    def compact(
+        self, namespace: str | None = None, *, now: float | None = None
+    ) -> CompactionReport:
+        """Merge small segments, drop segments past retention, delete retired files."""
+        self._ensure_writer()
+        report = CompactionReport()
+        now = time.time() if now is None else now
+        with self._state:
+            names = [n for n in self._spaces if namespace in (None, n)]
+        with self._work:
+            for name in names:
+                self._compact_namespace(self._spaces[name], now, report)
+        self._last_compaction = time.monotonic()
+        return report
+
+    def wait_idle(self) -> None:
+        """Wait until sealed generations are flushed and stale indexes rebuilt."""
+        if self._lock_fd < 0:
+            return
+        if self._thread is None:
+            self._flush_sealed()
+            self._rebuild_indexes()
+            return
+        with self._state:
+            while any(s.sealed for s in self._spaces.values()) or self._rebuild:
+                self._raise_failure()
+                self._state.notify_all()
+                self._state.wait(0.1)
+        self._raise_failure()
+
+    def close(self, *, flush: bool = True) -> None:
+        """Flush (unless told not to), stop the background thread, release the writer lock."""
+        if self._lock_fd < 0:
+            return
+        try:
+            if flush and self._failure is None:
+                self.flush()
+        finally:
+            with self._state:
+                self._stopping = True
+                self._state.notify_all()
+            if self._thread is not None:
+                self._thread.join()
+            for space in self._spaces.values():
+                if space.log is not None:
+                    space.log.close()
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+        self._raise_failure()
+
+    def __enter__(self) -> TelemetryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writer state -----------------------------------------------------------------------
+
+    def _ensure_writer(self) -> None:
+        if self._lock_fd >= 0:
+            self._raise_failure()
+            return
+        with self._state:
+            if self._lock_fd >= 0:
+                return
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+                os.close(fd)
+                raise StoreBusyError(
+                    f"telemetry store {self.root} is open for writing by another process "
+                    f"({holder.strip() or 'unknown'}): write through its server (--url) or stop it"
+                ) from None
+            holder = orjson.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, holder, 0)
+            self._lock_fd = fd
+            for directory in sorted(
+                p for p in self.root.iterdir() if (p / "manifest.json").exists()
+            ):
+                self._spaces[directory.name] = self._recover(directory)
+            if self.options.background:
+                self._thread = threading.Thread(
+                    target=self._background, name="keel-telemetry", daemon=True
+                )
+                self._thread.start()
+
+    def _recover(self, directory: Path) -> _Namespace:
+        """Load a namespace as its last writer left it: unflushed WAL generations are sealed for
+        flushing, torn tails cut, files no manifest names removed."""
+        manifest = load_manifest(directory)
+        assert manifest is not None
+        log_directory = directory / "wal"
+        sealed = []
+        numbers = wal.generations(log_directory)
+        for number in numbers:
+            path = wal.generation_path(log_directory, number)
+            if number <= manifest.flushed_generation:
+                path.unlink()
+                continue
+            contents = wal.read_wal(path)
+            wal.truncate_torn_tail(path, contents)
+            if contents.tables:
+                rows = sum(t.num_rows for t in contents.tables)
+                sealed.append(_Generation(number, contents.tables, rows, contents.valid_bytes))
+            else:
+                path.unlink()
+        known = {s.name for s in manifest.segments} | {name for name, _ in manifest.retired}
+        segments_directory = directory / "segments"
+        for path in segments_directory.iterdir():
+            stem = path.name.split(".")[0]
+            if path.name.startswith(".") or stem not in known:
+                path.unlink()
+        next_number = max([manifest.flushed_generation, *numbers]) + 1
+        return _Namespace(directory, manifest, next_number, sealed=sealed)
+
+    def _new_namespace(
+        self, namespace: str, schema: pa.Schema, options: NamespaceOptions | None
+    ) -> _Namespace:
+        directory = self.root / namespace
+        (directory / "wal").mkdir(parents=True, exist_ok=True)
+        (directory / "segments").mkdir(exist_ok=True)
+        manifest = Manifest(namespace, schema, resolve_options(schema, options))
+        save_manifest(directory, manifest)
+        space = _Namespace(directory, manifest, next_generation=0)
+        self._spaces[namespace] = space
+        return space
+
+    def _seal(self, space: _Namespace) -> None:
+        """Hand the active generation to the flusher (caller holds `appending` and `_state`)."""
+        if space.active is None:
+            return
+        if space.active.rows:
+            space.sealed.append(space.active)
+        space.log.close()
+        space.log, space.active = None, None
+
+    def _after_seal(self) -> None:
+        if self._thread is None:
+            self._flush_sealed()
+        else:
+            with self._state:
+                self._state.notify_all()
+
+    def _flush_sealed(self) -> None:
+        with self._work:
+            while True:
+                with self._state:
+                    waiting = [s for s in self._spaces.values() if s.sealed]
+                if not waiting:
+                    return
+                self._flush_generation(waiting[0])
+
+    def _flush_generation(self, space: _Namespace) -> None:
+        """Write the oldest sealed generation as a segment, commit it, delete its WAL file."""
+        generation = space.sealed[0]
+        table = pa.concat_tables(generation.tables)
+        name = segment.new_segment_name(generation.number, generation.number)
+        entry, index = segment.write_segment(
+            space.directory / "segments",
+            table,
+            space.manifest.options,
+            self.options.row_group_rows,
+            name=name,
+        )
+        with self._state:
+            manifest = space.manifest.with_segments(
+                (*space.manifest.segments, entry), flushed_generation=generation.number
+            )
+            save_manifest(space.directory, manifest)
+            space.manifest = manifest
+            space.sealed.pop(0)
+            self._indexes[(manifest.namespace, name)] = index
+            self._state.notify_all()
+        wal.generation_path(space.directory / "wal", generation.number).unlink(missing_ok=True)
+
+    def _compact_namespace(self, space: _Namespace, now: float, report: CompactionReport) -> None:
+        namespace = space.manifest.namespace
+        segments_directory = space.directory / "segments"
+        for group in compaction.merge_groups(
+            space.manifest.segments, self.options.compact_target_rows
+        ):
+            table = pa.concat_tables(
+                [pq.read_table(segment.segment_path(segments_directory, s.name)) for s in group]
+            )
+            name = segment.new_segment_name(int(group[0].name[:12]), int(group[-1].name[13:25]))
+            entry, index = segment.write_segment(
+                segments_directory,
+                table,
+                space.manifest.options,
+                self.options.row_group_rows,
+                name=name,
+            )
+            merged = {s.name for s in group}
+            with self._state:
+                kept: list[SegmentEntry] = []
+                for current in space.manifest.segments:
+                    if current.name == group[0].name:
+                        kept.append(entry)
+                    elif current.name not in merged:
+                        kept.append(current)
+                self._commit(space, tuple(kept), [(n, now) for n in sorted(merged)])
+                self._indexes[(namespace, name)] = index
+            report.merged.setdefault(namespace, []).extend(sorted(merged))
+            report.written.setdefault(namespace, []).append(name)
+        old = compaction.expired(
+            space.manifest.segments, space.manifest.options.retention_days, int(now * 1e9)
+        )
+        if old:
+            gone = {s.name for s in old}
+            with self._state:
+                kept_segments = tuple(s for s in space.manifest.segments if s.name not in gone)
+                self._commit(space, kept_segments, [(n, now) for n in sorted(gone)])
+            report.dropped.setdefault(namespace, []).extend(sorted(gone))
+            report.rows_dropped += sum(s.rows for s in old)
+        self._delete_retired(space, now)
+
+    def _commit(
+        self,
+        space: _Namespace,
+        segments: tuple[SegmentEntry, ...],
+        retired: list[tuple[str, float]],
+    ) -> None:
+        manifest = space.manifest.with_segments(
+            segments, retired=(*space.manifest.retired, *retired)
+        )
+        save_manifest(space.directory, manifest)
+        space.manifest = manifest
+
+    def _delete_retired(self, space: _Namespace, now: float) -> None:
+        due = [
+            name
+            for name, at in space.manifest.retired
+            if now - at >= self.options.retire_grace_seconds
+        ]
+        if not due:
+            return
+        with self._state:
+            remaining = tuple(item for item in space.manifest.retired if item[0] not in due)
+            manifest = space.manifest.with_segments(space.manifest.segments, retired=remaining)
+            save_manifest(space.directory, manifest)
+            space.manifest = manifest
+        for name in due:
+            segment.segment_path(space.directory / "segments", name).unlink(missing_ok=True)
+            segment.index_path(space.directory / "segments", name).unlink(missing_ok=True)
+            self._indexes.pop((space.manifest.namespace, name), None)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _manifest(self, namespace: str) -> Manifest:
+        snapshot = self._snapshots({namespace}).get(namespace)
+        if snapshot is None:
+            raise TelemetryQueryError(f"no namespace {namespace} in {self.root}")
+        return snapshot.manifest
+
+    def _snapshots(self, names: set[str] | None) -> dict[str, Snapshot]:
+        """Namespaces as of now: the writer's own state, or (another process) the files."""
+        if self._lock_fd >= 0:
+            with self._state:
+                return {
+                    name: Snapshot(
+                        space.directory,
+                        space.manifest,
+                        tuple(
+                            t
+                            for g in [*space.sealed, *([space.active] if space.active else [])]
+                            for t in g.tables
+                        ),
+                    )
+                    for name, space in self._spaces.items()
+                    if names is None or name in names
+                }
+        found = {}
+        if not self.root.is_dir():
+            return found
+        for directory in sorted(self.root.iterdir()):
+            if (names is not None and directory.name not in names) or not directory.is_dir():
+                continue
+            pending: list[tuple[int, list[pa.Table]]] = []
+            if names is not None:
+                for number in wal.generations(directory / "wal"):
+                    try:
+                        tables = wal.read_wal(wal.generation_path(directory / "wal", number)).tables
+                    except FileNotFoundError:
+                        continue  # flushed meanwhile: the manifest read below names its segment
+                    pending.append((number, tables))
+            manifest = load_manifest(directory)
+            if manifest is None:
+                continue
+            rows = tuple(t for n, ts in pending if n > manifest.flushed_generation for t in ts)
+            found[directory.name] = Snapshot(directory, manifest, rows)
+        return found
+
+    def _index(self, namespace: str, entry: SegmentEntry) -> SegmentIndex | None:
+        key = (namespace, entry.name)
+        cached = self._indexes.get(key)
+        if cached is not None and cached.checksum == entry.checksum:
+            return cached
+        path = segment.index_path(self.root / namespace / "segments", entry.name)
+        index = load_index(path, entry.checksum)
+        if index is not None:
+            self._indexes[key] = index
+            return index
+        logger.warning(
+            "index of segment %s/%s is missing or stale: scanning it", namespace, entry.name
+        )
+        if self._lock_fd >= 0:
+            with self._state:
+                self._rebuild.add(key)
+                self._state.notify_all()
+        return None
+
+    def _rebuild_indexes(self) -> None:
+        with self._work:
+            while True:
+                with self._state:
+                    if not self._rebuild:
+                        return
+                    namespace, name = next(iter(self._rebuild))
+                    space = self._spaces.get(namespace)
+                    entry = (
+                        next((s for s in space.manifest.segments if s.name == name), None)
+                        if space
+                        else None
+                    )
+                if entry is not None:
+                    index = segment.rebuild_index(
+                        space.directory / "segments", entry, space.manifest.options
+                    )
+                    self._indexes[(namespace, name)] = index
+                with self._state:
+                    self._rebuild.discard((namespace, name))
+                    self._state.notify_all()
+
+    # -- background -------------------------------------------------------------------------
+
+    def _background(self) -> None:
+        while True:
+            with self._state:
+                if self._stopping:
+                    return
+                self._state.wait(0.2)
+                if self._stopping:
+                    return
+            try:
+                self._background_round()
+            except (
+                BaseException
+            ) as error:  # kept and raised to the next caller; writes stay durable
+                logger.exception("telemetry background work failed")
+                with self._state:
+                    self._failure = error
+                    self._state.notify_all()
+                return
+
+    def _background_round(self) -> None:
+        now = time.monotonic()
+        with self._state:
+            spaces = list(self._spaces.values())
+        for space in spaces:
+            active = space.active
+            if (
+                active is not None
+                and active.rows
+                and now - active.since >= self.options.flush_seconds
+            ):
+                with space.appending, self._state:
+                    self._seal(space)
+        self._flush_sealed()
+        self._rebuild_indexes()
+        every = self.options.auto_compact_seconds
+        if every is not None and now - self._last_compaction >= every:
+            self.compact()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise RuntimeError("the telemetry store's background work failed") from self._failure
