@@ -302,8 +302,11 @@ def _count_plan(
         return None
     if any(m.get("type") == "DISTINCT_MODIFIER" for m in node.get("modifiers", [])):
         return None
-    groups = node.get("groups", {}).get("group_expressions", [])
-    if node.get("groups", {}).get("grouping_sets") and len(node["groups"]["grouping_sets"]) > 1:
+    groups = node.get("group_expressions") or []
+    if (
+        len(node.get("group_sets") or []) > 1
+        or node.get("aggregate_handling") != "STANDARD_HANDLING"
+    ):
         return None
     if len(groups) > 1:
         return None

@@ -169,7 +169,12 @@ def _json_column(name: str, values: list[Any], target: pa.DataType | None) -> pa
             return pa.array(values, type=target)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
             # Timestamps sent as ISO-8601 strings or epoch numbers arrive untyped; cast them.
-            return pa.array(values).cast(target, safe=True)
+            untyped = pa.array(values)
+            if not _castable(untyped.type, target):
+                raise TelemetryInputError(
+                    f"column {name!r}: values of type {untyped.type}, the schema says {target}"
+                )
+            return untyped.cast(target, safe=True)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError) as error:
         expected = f" as {target}" if target is not None else ""
         raise TelemetryInputError(
@@ -190,6 +195,10 @@ def _conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
             continue
         column = data.column(field.name)
         if column.type != field.type:
+            if not _castable(column.type, field.type):
+                raise TelemetryInputError(
+                    f"column {field.name!r} is {column.type}, the schema says {field.type}"
+                )
             try:
                 column = column.cast(field.type, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
@@ -199,6 +208,31 @@ def _conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
                 ) from None
         columns.append(column)
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _castable(source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether a value of `source` may be stored as `target`: the same kind of value (numbers
+    widened, strings in any encoding, timestamps given as timestamps, ISO text or epoch numbers),
+    never a number as text or text as a number."""
+    types = pa.types
+    if types.is_dictionary(source):
+        source = source.value_type
+    if types.is_null(source):
+        return True
+    if types.is_integer(target):
+        return types.is_integer(source)
+    if types.is_floating(target):
+        return types.is_integer(source) or types.is_floating(source)
+    if types.is_string(target) or types.is_large_string(target):
+        return types.is_string(source) or types.is_large_string(source)
+    if types.is_timestamp(target):
+        return (
+            types.is_timestamp(source)
+            or types.is_string(source)
+            or types.is_large_string(source)
+            or types.is_integer(source)
+        )
+    return source == target
 
 
 def schema_to_json(schema: pa.Schema) -> dict[str, str]:

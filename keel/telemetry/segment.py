@@ -50,12 +50,19 @@ def cluster_column(table: pa.Table, options: NamespaceOptions) -> str | None:
 
 
 def write_segment(
-    directory: Path, table: pa.Table, options: NamespaceOptions, row_group_rows: int, *, name: str
+    directory: Path,
+    table: pa.Table,
+    options: NamespaceOptions,
+    row_group_rows: int,
+    *,
+    name: str,
+    sort: bool = True,
 ) -> tuple[SegmentEntry, SegmentIndex]:
-    """Sort, write and index `table` as segment `name`; return its manifest entry and index."""
-    cluster = cluster_column(table, options)
+    """Write and index `table` as segment `name` (sorted by cluster key and time first, unless
+    `sort` is False); return its manifest entry and index."""
+    cluster = cluster_column(table, options) if sort else None
     keys = [cluster] if cluster else []
-    if options.time_column and options.time_column not in keys:
+    if sort and options.time_column and options.time_column not in keys:
         keys.append(options.time_column)
     if keys and table.num_rows > 1:
         table = table.sort_by([(key, "ascending") for key in keys])

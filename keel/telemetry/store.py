@@ -21,7 +21,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,11 +29,11 @@ from typing import Any
 import duckdb
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from keel.telemetry import compaction, segment, wal
 from keel.telemetry.compaction import CompactionReport
-from keel.telemetry.manifest import Manifest, SegmentEntry, load_manifest, save_manifest
+from keel.telemetry.manifest import Manifest, SegmentEntry, load_manifest
+from keel.telemetry.namespace import NamespaceWriter
 from keel.telemetry.query import ScanReport, Snapshot, run_query
 from keel.telemetry.schema import (
     NamespaceOptions,
@@ -41,7 +41,6 @@ from keel.telemetry.schema import (
     TelemetryInputError,
     TelemetryQueryError,
     check_namespace,
-    resolve_options,
     to_table,
 )
 from keel.telemetry.sidecar import SegmentIndex, load_index
@@ -65,30 +64,6 @@ class StoreOptions:
     max_sealed: int = 4  # writes wait while this many generations await their flush
 
 
-@dataclass
-class _Generation:
-    """Rows of one WAL generation that are not in a segment yet."""
-
-    number: int
-    tables: list[pa.Table] = field(default_factory=list)
-    rows: int = 0
-    bytes: int = 0
-    since: float = 0.0  # time.monotonic() of the first row
-
-
-@dataclass
-class _Namespace:
-    """The writer's state of one namespace; guarded by the store's `_state` lock."""
-
-    directory: Path
-    manifest: Manifest
-    next_generation: int
-    active: _Generation | None = None
-    log: wal.WalWriter | None = None
-    sealed: list[_Generation] = field(default_factory=list)
-    appending: threading.Lock = field(default_factory=threading.Lock)
-
-
 class TelemetryStore:
     """Namespaced tables under `root`; see the module docstring. Use as a context manager."""
 
@@ -97,7 +72,7 @@ class TelemetryStore:
         self.options = options or StoreOptions()
         self._state = threading.Condition(threading.RLock())
         self._work = threading.RLock()  # one flush, rebuild or compaction at a time
-        self._spaces: dict[str, _Namespace] = {}
+        self._spaces: dict[str, NamespaceWriter] = {}
         self._indexes: dict[tuple[str, str], SegmentIndex] = {}
         self._rebuild: set[tuple[str, str]] = set()
         self._lock_fd = -1
@@ -146,10 +121,7 @@ class TelemetryStore:
                 self._state.wait(0.5)
         with space.appending:
             if space.active is None:
-                number = space.next_generation
-                space.next_generation += 1
-                space.log = wal.WalWriter(wal.generation_path(space.directory / "wal", number))
-                space.active = _Generation(number, since=time.monotonic())
+                space.open_generation(time.monotonic())
             written = space.log.append(table)
             with self._state:
                 space.active.tables.append(table)
@@ -160,7 +132,7 @@ class TelemetryStore:
                     or space.active.bytes >= self.options.flush_bytes
                 )
                 if full:
-                    self._seal(space)
+                    space.seal()
         if full:
             self._after_seal()
         return table.num_rows
@@ -212,7 +184,7 @@ class TelemetryStore:
             spaces = [s for n, s in self._spaces.items() if namespace in (None, n)]
         for space in spaces:
             with space.appending, self._state:
-                self._seal(space)
+                space.seal()
         self._flush_sealed()
 
     def compact(
@@ -298,62 +270,19 @@ class TelemetryStore:
             for directory in sorted(
                 p for p in self.root.iterdir() if (p / "manifest.json").exists()
             ):
-                self._spaces[directory.name] = self._recover(directory)
+                self._spaces[directory.name] = NamespaceWriter.recover(directory)
             if self.options.background:
                 self._thread = threading.Thread(
                     target=self._background, name="keel-telemetry", daemon=True
                 )
                 self._thread.start()
 
-    def _recover(self, directory: Path) -> _Namespace:
-        """Load a namespace as its last writer left it: unflushed WAL generations are sealed for
-        flushing, torn tails cut, files no manifest names removed."""
-        manifest = load_manifest(directory)
-        assert manifest is not None
-        log_directory = directory / "wal"
-        sealed = []
-        numbers = wal.generations(log_directory)
-        for number in numbers:
-            path = wal.generation_path(log_directory, number)
-            if number <= manifest.flushed_generation:
-                path.unlink()
-                continue
-            contents = wal.read_wal(path)
-            wal.truncate_torn_tail(path, contents)
-            if contents.tables:
-                rows = sum(t.num_rows for t in contents.tables)
-                sealed.append(_Generation(number, contents.tables, rows, contents.valid_bytes))
-            else:
-                path.unlink()
-        known = {s.name for s in manifest.segments} | {name for name, _ in manifest.retired}
-        segments_directory = directory / "segments"
-        for path in segments_directory.iterdir():
-            stem = path.name.split(".")[0]
-            if path.name.startswith(".") or stem not in known:
-                path.unlink()
-        next_number = max([manifest.flushed_generation, *numbers]) + 1
-        return _Namespace(directory, manifest, next_number, sealed=sealed)
-
     def _new_namespace(
         self, namespace: str, schema: pa.Schema, options: NamespaceOptions | None
-    ) -> _Namespace:
-        directory = self.root / namespace
-        (directory / "wal").mkdir(parents=True, exist_ok=True)
-        (directory / "segments").mkdir(exist_ok=True)
-        manifest = Manifest(namespace, schema, resolve_options(schema, options))
-        save_manifest(directory, manifest)
-        space = _Namespace(directory, manifest, next_generation=0)
+    ) -> NamespaceWriter:
+        space = NamespaceWriter.create(self.root / namespace, namespace, schema, options)
         self._spaces[namespace] = space
         return space
-
-    def _seal(self, space: _Namespace) -> None:
-        """Hand the active generation to the flusher (caller holds `appending` and `_state`)."""
-        if space.active is None:
-            return
-        if space.active.rows:
-            space.sealed.append(space.active)
-        space.log.close()
-        space.log, space.active = None, None
 
     def _after_seal(self) -> None:
         if self._thread is None:
@@ -363,107 +292,44 @@ class TelemetryStore:
                 self._state.notify_all()
 
     def _flush_sealed(self) -> None:
+        """Flush every sealed generation: segment written, manifest committed, WAL file deleted."""
         with self._work:
             while True:
                 with self._state:
                     waiting = [s for s in self._spaces.values() if s.sealed]
                 if not waiting:
                     return
-                self._flush_generation(waiting[0])
+                space = waiting[0]
+                entry, index = space.write_oldest(self.options.row_group_rows)
+                with self._state:
+                    done = space.commit_oldest(entry)
+                    self._indexes[(space.manifest.namespace, entry.name)] = index
+                    self._state.notify_all()
+                done.unlink(missing_ok=True)
 
-    def _flush_generation(self, space: _Namespace) -> None:
-        """Write the oldest sealed generation as a segment, commit it, delete its WAL file."""
-        generation = space.sealed[0]
-        table = pa.concat_tables(generation.tables)
-        name = segment.new_segment_name(generation.number, generation.number)
-        entry, index = segment.write_segment(
-            space.directory / "segments",
-            table,
-            space.manifest.options,
-            self.options.row_group_rows,
-            name=name,
-        )
-        with self._state:
-            manifest = space.manifest.with_segments(
-                (*space.manifest.segments, entry), flushed_generation=generation.number
-            )
-            save_manifest(space.directory, manifest)
-            space.manifest = manifest
-            space.sealed.pop(0)
-            self._indexes[(manifest.namespace, name)] = index
-            self._state.notify_all()
-        wal.generation_path(space.directory / "wal", generation.number).unlink(missing_ok=True)
-
-    def _compact_namespace(self, space: _Namespace, now: float, report: CompactionReport) -> None:
-        namespace = space.manifest.namespace
-        segments_directory = space.directory / "segments"
-        for group in compaction.merge_groups(
-            space.manifest.segments, self.options.compact_target_rows
-        ):
-            table = pa.concat_tables(
-                [pq.read_table(segment.segment_path(segments_directory, s.name)) for s in group]
-            )
-            name = segment.new_segment_name(int(group[0].name[:12]), int(group[-1].name[13:25]))
-            entry, index = segment.write_segment(
-                segments_directory,
-                table,
-                space.manifest.options,
-                self.options.row_group_rows,
-                name=name,
-            )
-            merged = {s.name for s in group}
-            with self._state:
-                kept: list[SegmentEntry] = []
-                for current in space.manifest.segments:
-                    if current.name == group[0].name:
-                        kept.append(entry)
-                    elif current.name not in merged:
-                        kept.append(current)
-                self._commit(space, tuple(kept), [(n, now) for n in sorted(merged)])
-                self._indexes[(namespace, name)] = index
-            report.merged.setdefault(namespace, []).extend(sorted(merged))
-            report.written.setdefault(namespace, []).append(name)
-        old = compaction.expired(
-            space.manifest.segments, space.manifest.options.retention_days, int(now * 1e9)
-        )
-        if old:
-            gone = {s.name for s in old}
-            with self._state:
-                kept_segments = tuple(s for s in space.manifest.segments if s.name not in gone)
-                self._commit(space, kept_segments, [(n, now) for n in sorted(gone)])
-            report.dropped.setdefault(namespace, []).extend(sorted(gone))
-            report.rows_dropped += sum(s.rows for s in old)
-        self._delete_retired(space, now)
-
-    def _commit(
-        self,
-        space: _Namespace,
-        segments: tuple[SegmentEntry, ...],
-        retired: list[tuple[str, float]],
+    def _compact_namespace(
+        self, space: NamespaceWriter, now: float, report: CompactionReport
     ) -> None:
-        manifest = space.manifest.with_segments(
-            segments, retired=(*space.manifest.retired, *retired)
-        )
-        save_manifest(space.directory, manifest)
-        space.manifest = manifest
-
-    def _delete_retired(self, space: _Namespace, now: float) -> None:
-        due = [
-            name
-            for name, at in space.manifest.retired
-            if now - at >= self.options.retire_grace_seconds
-        ]
-        if not due:
-            return
+        namespace = space.manifest.namespace
+        groups = compaction.merge_groups(space.manifest.segments, self.options.compact_target_rows)
+        for group in groups:
+            entry, index = space.merge(group, self.options.row_group_rows)
+            with self._state:
+                space.commit_merge(group, entry, now)
+                self._indexes[(namespace, entry.name)] = index
+            report.merged.setdefault(namespace, []).extend(s.name for s in group)
+            report.written.setdefault(namespace, []).append(entry.name)
+        old = space.expired(now)
+        if old:
+            with self._state:
+                space.commit_drop(old, now)
+            report.dropped.setdefault(namespace, []).extend(s.name for s in old)
+            report.rows_dropped += sum(s.rows for s in old)
         with self._state:
-            remaining = tuple(item for item in space.manifest.retired if item[0] not in due)
-            manifest = space.manifest.with_segments(space.manifest.segments, retired=remaining)
-            save_manifest(space.directory, manifest)
-            space.manifest = manifest
+            due = space.commit_forget(self.options.retire_grace_seconds, now)
+        space.delete_files(due)
         for name in due:
-            segment.segment_path(space.directory / "segments", name).unlink(missing_ok=True)
-            segment.index_path(space.directory / "segments", name).unlink(missing_ok=True)
-            self._indexes.pop((space.manifest.namespace, name), None)
+            self._indexes.pop((namespace, name), None)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -478,15 +344,7 @@ class TelemetryStore:
         if self._lock_fd >= 0:
             with self._state:
                 return {
-                    name: Snapshot(
-                        space.directory,
-                        space.manifest,
-                        tuple(
-                            t
-                            for g in [*space.sealed, *([space.active] if space.active else [])]
-                            for t in g.tables
-                        ),
-                    )
+                    name: Snapshot(space.directory, space.manifest, space.pending)
                     for name, space in self._spaces.items()
                     if names is None or name in names
                 }
@@ -585,7 +443,7 @@ class TelemetryStore:
                 and now - active.since >= self.options.flush_seconds
             ):
                 with space.appending, self._state:
-                    self._seal(space)
+                    space.seal()
         self._flush_sealed()
         self._rebuild_indexes()
         every = self.options.auto_compact_seconds
