@@ -170,11 +170,11 @@ def _json_column(name: str, values: list[Any], target: pa.DataType | None) -> pa
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
             # Timestamps sent as ISO-8601 strings or epoch numbers arrive untyped; cast them.
             untyped = pa.array(values)
-            if not _castable(untyped.type, target):
-                raise TelemetryInputError(
-                    f"column {name!r}: values of type {untyped.type}, the schema says {target}"
-                )
-            return untyped.cast(target, safe=True)
+        if not _castable(untyped.type, target):
+            raise TelemetryInputError(
+                f"column {name!r}: values of type {untyped.type}, the schema says {target}"
+            )
+        return untyped.cast(target, safe=True)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError) as error:
         expected = f" as {target}" if target is not None else ""
         raise TelemetryInputError(

@@ -12,6 +12,7 @@ import os
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -49,6 +50,23 @@ def cluster_column(table: pa.Table, options: NamespaceOptions) -> str | None:
     return best
 
 
+def cluster_order(table: pa.Table, keys: list[str]) -> np.ndarray:
+    """Row order grouping equal values of keys[0], then keys[1]... (int64 [rows]).
+
+    Strings are grouped by their dictionary codes (order of first appearance), not sorted
+    alphabetically: clustering needs equal keys together, and integer sorts are several times
+    faster than string sorts on a million rows."""
+    columns = []
+    for key in reversed(keys):
+        column = table.column(key).combine_chunks()
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            column = pc.dictionary_encode(column).indices
+        elif pa.types.is_timestamp(column.type):
+            column = column.cast(pa.int64())
+        columns.append(column.fill_null(-1).to_numpy(zero_copy_only=False))
+    return np.lexsort(columns)
+
+
 def write_segment(
     directory: Path,
     table: pa.Table,
@@ -60,12 +78,13 @@ def write_segment(
 ) -> tuple[SegmentEntry, SegmentIndex]:
     """Write and index `table` as segment `name` (sorted by cluster key and time first, unless
     `sort` is False); return its manifest entry and index."""
-    cluster = cluster_column(table, options) if sort else None
-    keys = [cluster] if cluster else []
-    if sort and options.time_column and options.time_column not in keys:
-        keys.append(options.time_column)
-    if keys and table.num_rows > 1:
-        table = table.sort_by([(key, "ascending") for key in keys])
+    if sort and table.num_rows > 1:
+        cluster = cluster_column(table, options)
+        keys = [cluster] if cluster else []
+        if options.time_column and options.time_column not in keys:
+            keys.append(options.time_column)
+        if keys:
+            table = table.take(cluster_order(table, keys))
     final = segment_path(directory, name)
     temporary = directory / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
     pq.write_table(

@@ -35,7 +35,8 @@ _LENGTH = struct.Struct("<Q")
 _DIGEST = struct.Struct("<Q")
 COUNT_MAX_VALUES = 256  # a column with at most this many distinct values gets value counts
 POSTINGS_MAX_VALUES = 65_536
-BLOOM_MIN_MEAN_BYTES = 8
+POSTINGS_MAX_MEAN_BYTES = 32  # ids get postings; long text (messages) gets Bloom filters
+BLOOM_MIN_MEAN_BYTES = 12
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,13 @@ def build_index(
     key_columns = options.key_columns
     if key_columns is None:
         limit = min(POSTINGS_MAX_VALUES, max(1, table.num_rows // 4))
-        key_columns = [n for n in indexable if n not in count_columns and distinct[n] <= limit]
+        key_columns = [
+            n
+            for n in indexable
+            if n not in count_columns
+            and distinct[n] <= limit
+            and _mean_bytes(table.column(n)) <= POSTINGS_MAX_MEAN_BYTES
+        ]
     bloom_columns = options.bloom_columns
     if bloom_columns is None:
         bloom_columns = [
@@ -171,6 +178,7 @@ def build_index(
             for f in table.schema
             if pa.types.is_string(f.type)
             and f.name not in count_columns
+            and f.name not in key_columns
             and _mean_bytes(table.column(f.name)) >= BLOOM_MIN_MEAN_BYTES
         ]
     for name in count_columns:
@@ -262,6 +270,8 @@ def _is_key_type(kind: pa.DataType) -> bool:
 
 
 def _mean_bytes(column: pa.ChunkedArray) -> float:
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return 0.0
     valid = len(column) - column.null_count
     return trigram.utf8_bytes(column.combine_chunks()).size / valid if valid else 0.0
 

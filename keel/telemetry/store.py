@@ -61,7 +61,7 @@ class StoreOptions:
     background: bool = True
     auto_compact_seconds: float | None = None
     retire_grace_seconds: float = 60.0  # replaced segment files outlive their manifest this long
-    max_sealed: int = 4  # writes wait while this many generations await their flush
+    max_pending_bytes: int = 2 << 30  # writes wait while this much WAL awaits its flush
 
 
 class TelemetryStore:
@@ -116,7 +116,10 @@ class TelemetryStore:
                 )
             table = to_table(table, space.manifest.schema)
         with self._state:
-            while len(space.sealed) >= self.options.max_sealed and self._thread is not None:
+            while (
+                sum(g.bytes for g in space.sealed) >= self.options.max_pending_bytes
+                and self._thread is not None
+            ):
                 self._raise_failure()
                 self._state.wait(0.5)
         with space.appending:
