@@ -45,6 +45,7 @@ from keel.flow.tasks import (
     TaskResult,
     stage_dir,
 )
+from keel.telemetry import sink
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,9 @@ class RunOptions:
     work_dir: str | None = None
     """Where shuffle files go (default: a temporary directory, removed after the run)."""
     ray_address: str | None = field(default_factory=lambda: os.environ.get(RAY_ADDRESS_ENV))
+    telemetry: str | None = field(default_factory=lambda: os.environ.get(sink.TARGET_ENV))
+    """A telemetry store directory or server URL: each stage's counters become a row of its
+    flow.stage namespace. Default from $KEEL_TELEMETRY; None: not reported."""
 
 
 def execute(
@@ -138,6 +142,12 @@ def execute(
                 ]
                 counters, results = _run_stage(backend, stage, tasks, options.retries, progress)
                 result.stages.append(counters)
+                if options.telemetry:
+                    sink.write_record(
+                        options.telemetry,
+                        sink.FLOW_NAMESPACE,
+                        {"run": os.path.basename(run_dir), **dataclasses.asdict(counters)},
+                    )
                 for task_result in results:
                     result.skipped.merge(task_result.skipped)
                 if stage.reduce is not None:  # its input, the previous shuffle, is spent

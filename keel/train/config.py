@@ -71,6 +71,9 @@ class TrainConfig:
     """A run directory whose last checkpoint's parameters (and router bias) start this run."""
     peak_flops: float = 0.0
     """Peak FLOP/s per device for MFU; 0 looks the device up (GPUs) or measures a matmul (CPU)."""
+    telemetry: str = ""
+    """A telemetry store directory or `keel logs serve` URL: each step's metrics are also written
+    to its train.metrics namespace (ts, run, step, name, value). Empty: metrics.jsonl only."""
 
     def validate(self) -> TrainConfig:
         self.model.validate()

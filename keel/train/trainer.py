@@ -32,6 +32,7 @@ from keel.data.token_cache import TokenCache
 from keel.model.sharding import EXPERT_AXIS, expert_mesh
 from keel.model.size import flops_per_token
 from keel.model.transformer import init_params, init_router_bias, param_labels, param_specs
+from keel.telemetry.sink import MetricsSink
 from keel.train.checkpoint import Checkpoints, TrainState
 from keel.train.config import Phase, TrainConfig
 from keel.train.loader import MixtureLoader, WindowRange, check_cache, eval_batches, split_windows
@@ -111,7 +112,10 @@ def train(
         1, config.expert_parallel
     )
     result = TrainResult(output, config.total_steps, resumed_from)
-    with paths.open_file(metrics_path, "a") as metrics_file:
+    with (
+        paths.open_file(metrics_path, "a") as metrics_file,
+        MetricsSink(config.telemetry, run=output) as telemetry,
+    ):
         for plan, step in _schedule(data.phases, int(state.step)):
             window = _place(plan.loader.batch(step - plan.start), mesh)
             started = time.perf_counter()
@@ -128,6 +132,7 @@ def train(
                 line.update(_evaluate(functions, state, data, config, mesh))
             metrics_file.write(json.dumps(line) + "\n")
             metrics_file.flush()
+            telemetry.write(done, line)
             checkpoints.save(state, force=done == config.total_steps)
             result.last = line
             if on_step is not None:
