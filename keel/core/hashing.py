@@ -41,7 +41,9 @@ _MAX_EXACT_INT_FLOAT = 2**53
 def to_canonical(value: Any, encode: Encoder | None = None, *, where: str = "config") -> Any:
     """Return plain JSON data (dict / list / str / int / float / bool / None) for `value`.
 
-    `where` names the position for error messages, e.g. "config.tokenizer.path".
+    `where` names the position for error messages, e.g. "config.tokenizer.path". A dataclass
+    field declared with `metadata={"identity": False}` is left out: it says where to report or
+    how to run, not what is computed (the same work with another setting is the same step).
     """
     if encode is not None:
         encoded = encode(value)
@@ -65,6 +67,7 @@ def to_canonical(value: Any, encode: Encoder | None = None, *, where: str = "con
                 getattr(value, field.name), encode, where=f"{where}.{field.name}"
             )
             for field in dataclasses.fields(value)
+            if field.metadata.get("identity", True)
         }
     if isinstance(value, Mapping):
         return _canonical_mapping(value, encode, where)

@@ -71,9 +71,10 @@ class TrainConfig:
     """A run directory whose last checkpoint's parameters (and router bias) start this run."""
     peak_flops: float = 0.0
     """Peak FLOP/s per device for MFU; 0 looks the device up (GPUs) or measures a matmul (CPU)."""
-    telemetry: str = ""
+    telemetry: str = field(default="", metadata={"identity": False})
     """A telemetry store directory or `keel logs serve` URL: each step's metrics are also written
-    to its train.metrics namespace (ts, run, step, name, value). Empty: metrics.jsonl only."""
+    to its train.metrics namespace (ts, run, step, name, value). Empty: $KEEL_TELEMETRY if set,
+    else metrics.jsonl only. Not part of the run's identity: it says where to report, not what."""
 
     def validate(self) -> TrainConfig:
         self.model.validate()

@@ -100,3 +100,12 @@ def _nh():
     from keel.core.hashing import NOT_HANDLED
 
     return NOT_HANDLED
+
+
+def test_fields_marked_out_of_identity_do_not_change_the_hash():
+    @dataclass(frozen=True)
+    class Job:
+        size: int
+        report_to: str = field(default="", metadata={"identity": False})
+
+    assert content_hash(Job(3, "a")) == content_hash(Job(3, "b")) != content_hash(Job(4, "a"))
