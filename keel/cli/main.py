@@ -10,6 +10,7 @@ import typer
 from keel import __version__
 from keel.cli import (
     data_commands,
+    logs_commands,
     scaling_commands,
     screen_commands,
     steps_commands,
@@ -33,6 +34,7 @@ scaling_commands.register(app)
 sweep_commands.register(scaling_commands.app)
 screen_commands.register(scaling_commands.app)
 train_commands.register(app)
+logs_commands.register(app)
 
 
 def _version(show: bool) -> None:

@@ -25,14 +25,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keel.core.errors import KeelError, UsageError
+from keel.telemetry.manifest import load_manifest
 from keel.telemetry.schema import (
     StoreBusyError,
     TelemetryInputError,
     TelemetryQueryError,
     check_namespace,
-    resolve_options,
 )
-from keel.telemetry.store import CompactionReport, TelemetryStore
+from keel.telemetry.store import CompactionReport, SharedStore, TelemetryStore
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 FOLLOW_BATCH_ROWS = 100_000
@@ -60,10 +60,11 @@ class TelemetryConnectionError(KeelError):
 
 
 def connect(target: str, token: str | None = None) -> Telemetry:
-    """An HttpTelemetry for an http(s):// URL, else the TelemetryStore at the directory `target`."""
+    """An HttpTelemetry for an http(s):// URL, else a handle on the store at the directory `target`
+    (shared with every other handle on it in this process: one writer per root and process)."""
     if target.startswith(("http://", "https://")):
         return HttpTelemetry(target, token=token)
-    return TelemetryStore(target)
+    return SharedStore(target)
 
 
 class HttpTelemetry:
@@ -264,7 +265,7 @@ class HttpTelemetry:
 
 
 def poll_rows(
-    store: TelemetryStore,
+    store: TelemetryStore | SharedStore,
     namespace: str,
     limit: int = 20,
     after: datetime | None = None,
@@ -280,19 +281,20 @@ def poll_rows(
         return True
 
     wait = wait or sleep
-    table = store.tail(namespace, limit, after)
-    column = time_column(store, namespace, table.schema)
+    column = time_column(store, namespace)
+    table = store.tail(namespace, max(limit, 1), after)  # one more than none: the time seen
     last = _latest(table, column, after)
-    yield table
+    yield table.slice(table.num_rows - min(limit, table.num_rows))
     while wait(interval):
         table = store.tail(namespace, FOLLOW_BATCH_ROWS, last)
         last = _latest(table, column, last)
         yield table
 
 
-def time_column(store: TelemetryStore, namespace: str, schema: pa.Schema) -> str:
+def time_column(store: TelemetryStore | SharedStore, namespace: str) -> str:
     """The namespace's time column, which tail orders and filters by."""
-    column = resolve_options(schema, None).time_column
+    manifest = load_manifest(store.root / check_namespace(namespace))
+    column = manifest.options.time_column if manifest is not None else None
     if column is None:
         raise UsageError(f"namespace {namespace!r} has no timestamp column to follow rows by")
     return column
@@ -334,7 +336,8 @@ def read_stream(data: bytes) -> pa.Table:
 
 
 def json_default(value: Any) -> Any:
-    """orjson's fallback: decimals as numbers, bytes as base64, durations as seconds."""
+    """orjson's fallback: decimals as numbers, bytes as base64, durations as seconds, intervals as
+    {months, days, nanoseconds}."""
     if isinstance(value, Decimal):
         return float(value)
     if isinstance(value, bytes | bytearray | memoryview):
@@ -343,6 +346,8 @@ def json_default(value: Any) -> Any:
         return value.total_seconds()
     if isinstance(value, datetime | date):
         return value.isoformat()
+    if isinstance(value, tuple) and hasattr(value, "__match_args__"):  # an interval (MonthDayNano)
+        return {name: getattr(value, name) for name in value.__match_args__}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     raise TypeError(f"cannot send {type(value).__name__} as JSON")

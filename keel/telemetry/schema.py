@@ -157,8 +157,15 @@ def _rows_to_table(rows: list[Any], schema: pa.Schema | None) -> pa.Table:
     arrays = {}
     for key, values in columns.items():
         target = schema.field(key).type if schema is not None else None
+        if target is None and _names_a_time(key):
+            target = pa.timestamp("us")  # a new namespace: ISO text or epoch numbers become times
         arrays[key] = _json_column(key, values, target)
     return pa.table(arrays) if arrays else pa.table({})
+
+
+def _names_a_time(column: str) -> bool:
+    """Column names that hold times in JSON rows (where times arrive as text or numbers)."""
+    return column in ("ts", "time", "timestamp") or column.endswith(("_ts", "_at", "_time"))
 
 
 def _json_column(name: str, values: list[Any], target: pa.DataType | None) -> pa.Array:

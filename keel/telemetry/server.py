@@ -43,7 +43,7 @@ import orjson
 import pyarrow as pa
 
 from keel.core.errors import KeelError, UsageError
-from keel.telemetry.client import arrow_stream, json_default, poll_rows
+from keel.telemetry.client import arrow_stream, json_default, poll_rows, time_column
 from keel.telemetry.schema import (
     StoreBusyError,
     TelemetryInputError,
@@ -63,6 +63,9 @@ FOLLOW_HEARTBEAT_SECONDS = 10.0
 """A follow stream with no new rows sends a blank line this often (keeps clients' reads alive)."""
 CONNECTION_TIMEOUT_SECONDS = 120.0
 """A connection that sends nothing for this long (idle keep-alive, stalled body) is closed."""
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 64 << 20
+"""A refused body is discarded for at most this long / this much before the connection closes."""
 
 
 class HttpError(Exception):
@@ -126,18 +129,23 @@ class TelemetryServer:
 
     def start(self) -> TelemetryServer:
         """Serve in a daemon thread; returns self."""
-        self._thread = threading.Thread(
-            target=self.serve_forever, name="telemetry-server", daemon=True
-        )
+        self._claim()
+        self._thread = threading.Thread(target=self._serve, name="telemetry-server", daemon=True)
         self._thread.start()
         return self
 
     def serve_forever(self) -> None:
         """Serve in this thread until `stop()` or KeyboardInterrupt; then close connections."""
+        self._claim()
+        self._serve()
+
+    def _claim(self) -> None:
         with self._lock:
-            if self._closed:
-                raise UsageError("this telemetry server was stopped: create a new one")
+            if self._closed or self._serving:
+                raise UsageError("this telemetry server is serving or was stopped: make a new one")
             self._serving = True
+
+    def _serve(self) -> None:
         try:
             self._httpd.serve_forever(poll_interval=0.5)
         finally:
@@ -364,6 +372,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._follow(namespace, limit, after)
 
     def _follow(self, namespace: str, limit: int, after: datetime | None) -> None:
+        time_column(self.owner.store, namespace)  # refuse a namespace without one before streaming
         self.close_connection = True
         self.send_response(200)
         self.send_header("Content-Type", NDJSON)
@@ -373,7 +382,9 @@ class _Handler(BaseHTTPRequestHandler):
         self._headers_sent = True
         self._client_gone = False
         last_sent = time.monotonic()
-        for table in poll_rows(self.owner.store, namespace, limit, after, wait=self._wait):
+        for table in poll_rows(
+            self.owner.store, namespace, limit, after, FOLLOW_POLL_SECONDS, self._wait
+        ):
             if table.num_rows:
                 self._send_chunk(ndjson_rows(table))
                 last_sent = time.monotonic()
@@ -488,6 +499,24 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(status, JSON, orjson.dumps({"error": _one_line(message), "kind": kind}))
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+            return
+        if self._body_unread():
+            self._linger()
+
+    def _linger(self) -> None:
+        """After refusing a request unread: stop sending and discard what the client still sends
+        (for at most LINGER_SECONDS / LINGER_BYTES), so that it reads our answer instead of a
+        connection reset (closing a socket with unread data resets it)."""
+        deadline = time.monotonic() + LINGER_SECONDS
+        discarded = 0
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(LINGER_SECONDS)
+            while discarded < LINGER_BYTES and time.monotonic() < deadline:
+                data = self.connection.recv(1 << 16)
+                if not data:
+                    break
+                discarded += len(data)
 
 
 def decode_rows(kind: str, body: bytes) -> pa.Table | list[Any]:
