@@ -104,6 +104,15 @@ def plan_query(
         schema = schemas[scan.namespace]
         scan.columns = None if star else {c for c in referenced if c in schema.names}
     single = _single_table(node)
+    if (
+        sum(
+            1
+            for n in _walk(node)
+            if n.get("type") == "BASE_TABLE" and n.get("table_name") == single
+        )
+        > 1
+    ):
+        single = None  # a subquery or self-join reads the namespace too: its view must be whole
     if single in tables and node.get("where_clause") is not None:
         scan = tables[single]
         for conjunct in _conjuncts(node["where_clause"]):
@@ -268,10 +277,8 @@ def _pattern(expression: dict[str, Any], schema: pa.Schema, node: dict[str, Any]
     name = expression["function_name"]
     if name in ("~~", "like"):
         return Like(column, text)
-    if name == "contains":
-        return Like(column, f"%{text.replace('%', '').replace('_', '')}%")
-    if name in ("starts_with", "prefix", "suffix", "ends_with"):
-        return Like(column, f"%{text.replace('%', '').replace('_', '')}%")
+    if name in ("contains", "starts_with", "prefix", "suffix", "ends_with"):
+        return Like(column, f"%{text}%")  # a literal; its % and _ only cut trigram runs shorter
     return None
 
 

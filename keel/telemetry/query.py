@@ -45,11 +45,16 @@ class Snapshot:
         return self.directory / "segments"
 
 
-def connect() -> duckdb.DuckDBPyConnection:
-    """A private in-memory DuckDB: each query gets its own views and settings."""
-    connection = duckdb.connect()
-    connection.execute("SET TimeZone = 'UTC'")
-    return connection
+def open_database(root: Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB for a store's queries: time zone UTC, files readable only under
+    `root`. Each query runs on its own cursor (its own temporary views), ~4 ms instead of the
+    ~20 ms of a new database per query."""
+    database = duckdb.connect()
+    database.execute("SET GLOBAL TimeZone = 'UTC'")
+    allowed = f"{root}/".replace("'", "''")
+    database.execute(f"SET allowed_directories = ['{allowed}']")
+    database.execute("SET enable_external_access = false")
+    return database
 
 
 @dataclass
@@ -72,7 +77,7 @@ class ScanReport:
 
 def run_query(
     sql: str,
-    root: Path,
+    database: duckdb.DuckDBPyConnection,
     snapshots: Callable[[set[str] | None], dict[str, Snapshot]],
     index_of: IndexLookup,
     *,
@@ -81,7 +86,7 @@ def run_query(
     """Run `sql` (or with execute=False only plan it); return the result and what was read.
 
     `snapshots(names)` gives the named namespaces (None: all of them, for their schemas)."""
-    connection = connect()
+    connection = database.cursor()
     try:
         every = snapshots(None)
         schemas = {name: s.manifest.schema for name, s in every.items()}
@@ -102,20 +107,17 @@ def run_query(
                 if not execute:
                     return None, [report]
                 connection.register(planner.COUNTS_TABLE, counted)
-                return _execute(connection, root, query_plan.count.sql), [report]
+                return _execute(connection, query_plan.count.sql), [report]
         reports = [
             _create_view(connection, position, scan, current[scan.namespace], index_of)
             for position, scan in enumerate(query_plan.tables.values())
         ]
-        return (_execute(connection, root, sql) if execute else None), reports
+        return (_execute(connection, sql) if execute else None), reports
     finally:
         connection.close()
 
 
-def _execute(connection: duckdb.DuckDBPyConnection, root: Path, sql: str) -> pa.Table:
-    allowed = f"{root}/".replace("'", "''")
-    connection.execute(f"SET allowed_directories = ['{allowed}']")
-    connection.execute("SET enable_external_access = false")
+def _execute(connection: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     try:
         return connection.sql(sql).to_arrow_table()
     except duckdb.IOException:

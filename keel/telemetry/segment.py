@@ -1,9 +1,10 @@
-"""Immutable Parquet segments: rows sorted by the namespace's cluster key, zstd, fixed row groups.
+"""Immutable Parquet segments: rows clustered by the namespace's key, zstd, fixed row groups.
 
-Sorting by a key column (a job id) then time puts one key's rows into few row groups, which is what
-lets postings skip the rest; segments themselves follow arrival order, so time ranges prune whole
-segments. A segment is written under a temporary name, fsynced and renamed; it becomes visible only
-when the manifest names it. Its checksum (xxh3-64 of the file) ties it to its sidecar index.
+Rows are kept in arrival order across spans of four row groups and grouped by a key column (a job
+id) then time inside each span: one key's rows of a span land in one or two row groups, which lets
+postings skip the rest, while each row group still covers a short stretch of time, which lets time
+ranges skip row groups and not only whole segments. A segment is written under a temporary name,
+fsynced and renamed; it becomes visible only when the manifest names it. Its checksum (xxh3-64 of the file) ties it to its sidecar index.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from keel.telemetry.schema import NamespaceOptions
 from keel.telemetry.sidecar import SegmentIndex, build_index, save_index
 
 COMPRESSION = "zstd"
+CLUSTER_SPAN_ROW_GROUPS = 4  # keys are grouped within spans of this many row groups of arrivals
 
 
 def segment_path(directory: Path, name: str) -> Path:
@@ -50,8 +52,12 @@ def cluster_column(table: pa.Table, options: NamespaceOptions) -> str | None:
     return best
 
 
-def cluster_order(table: pa.Table, keys: list[str]) -> np.ndarray:
-    """Row order grouping equal values of keys[0], then keys[1]... (int64 [rows]).
+def cluster_order(table: pa.Table, keys: list[str], span_rows: int) -> np.ndarray:
+    """Row order that keeps arrival order across spans of `span_rows` rows and, inside each
+    span, groups equal values of keys[0], then keys[1]... (int64 [rows]).
+
+    The spans keep time ranges narrow per row group (rows arrive in time order), the grouping
+    puts one key's rows of a span into one or two row groups.
 
     Strings are grouped by their dictionary codes (order of first appearance), not sorted
     alphabetically: clustering needs equal keys together, and integer sorts are several times
@@ -64,6 +70,7 @@ def cluster_order(table: pa.Table, keys: list[str]) -> np.ndarray:
         elif pa.types.is_timestamp(column.type):
             column = column.cast(pa.int64())
         columns.append(column.fill_null(-1).to_numpy(zero_copy_only=False))
+    columns.append(np.arange(table.num_rows) // max(1, span_rows))
     return np.lexsort(columns)
 
 
@@ -84,7 +91,7 @@ def write_segment(
         if options.time_column and options.time_column not in keys:
             keys.append(options.time_column)
         if keys:
-            table = table.take(cluster_order(table, keys))
+            table = table.take(cluster_order(table, keys, CLUSTER_SPAN_ROW_GROUPS * row_group_rows))
     final = segment_path(directory, name)
     temporary = directory / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
     pq.write_table(

@@ -34,7 +34,7 @@ from keel.telemetry import compaction, segment, wal
 from keel.telemetry.compaction import CompactionReport
 from keel.telemetry.manifest import Manifest, SegmentEntry, load_manifest
 from keel.telemetry.namespace import NamespaceWriter
-from keel.telemetry.query import ScanReport, Snapshot, run_query
+from keel.telemetry.query import ScanReport, Snapshot, open_database, run_query
 from keel.telemetry.schema import (
     NamespaceOptions,
     StoreBusyError,
@@ -80,6 +80,7 @@ class TelemetryStore:
         self._stopping = False
         self._failure: BaseException | None = None
         self._last_compaction = time.monotonic()
+        self._duckdb: duckdb.DuckDBPyConnection | None = None
 
     # -- public API -------------------------------------------------------------------------
 
@@ -151,7 +152,9 @@ class TelemetryStore:
     def _run(self, sql: str, *, execute: bool) -> tuple[pa.Table | None, list[ScanReport]]:
         for attempt in range(3):
             try:
-                return run_query(sql, self.root, self._snapshots, self._index, execute=execute)
+                return run_query(
+                    sql, self._database(), self._snapshots, self._index, execute=execute
+                )
             except duckdb.IOException as error:
                 # A segment retired by a compaction in another process since we read the manifest.
                 if attempt == 2:
@@ -222,6 +225,9 @@ class TelemetryStore:
 
     def close(self, *, flush: bool = True) -> None:
         """Flush (unless told not to), stop the background thread, release the writer lock."""
+        if self._duckdb is not None:
+            self._duckdb.close()
+            self._duckdb = None
         if self._lock_fd < 0:
             return
         try:
@@ -371,6 +377,12 @@ class TelemetryStore:
             rows = tuple(t for n, ts in pending if n > manifest.flushed_generation for t in ts)
             found[directory.name] = Snapshot(directory, manifest, rows)
         return found
+
+    def _database(self) -> duckdb.DuckDBPyConnection:
+        with self._state:
+            if self._duckdb is None:
+                self._duckdb = open_database(self.root)
+            return self._duckdb
 
     def _index(self, namespace: str, entry: SegmentEntry) -> SegmentIndex | None:
         key = (namespace, entry.name)
