@@ -26,6 +26,8 @@ from keel.steps import (
     run,
 )
 from keel.steps.record import git_commit
+from keel.telemetry import TelemetryStore
+from keel.telemetry.sink import TARGET_ENV
 
 DEFAULT_PREFIX = "keel-out"
 FLOW_BACKENDS = ("local", "ray")
@@ -94,12 +96,13 @@ def quickstart_command(
     Example: keel quickstart --prefix /tmp/keel-demo
     """
     _use_backend(backend)
+    telemetry = _report_to_telemetry(prefix, dry_run)
     source = resources.files("keel.experiments") / "quickstart.py"
     with resources.as_file(source) as experiment:
         steps = override_steps(load_experiment(experiment), overrides)
         report = _run_steps(steps, prefix, dry_run, force, max_parallel, as_json, experiment.parent)
     if report is not None and not as_json:
-        _show_quickstart_summary(prefix, steps)
+        _show_quickstart_summary(prefix, steps, telemetry)
 
 
 @user_errors
@@ -221,7 +224,19 @@ def _failure(report: RunReport, prefix: str) -> typer.Exit:
     return fail(lines[-1], 1)
 
 
-def _show_quickstart_summary(prefix: str, steps: list[Step]) -> None:
+def _report_to_telemetry(prefix: str, dry_run: bool) -> str | None:
+    """Training metrics and flow counters go to `<prefix>/telemetry` unless $KEEL_TELEMETRY says
+    elsewhere; returns the store directory to point the user at (None when not local)."""
+    if dry_run:
+        return None
+    target = os.environ.get(TARGET_ENV)
+    if target is None and paths.is_local(prefix):
+        target = str(paths.local_path(paths.join(prefix, "telemetry")))
+        os.environ[TARGET_ENV] = target
+    return target if target and "://" not in target else None
+
+
+def _show_quickstart_summary(prefix: str, steps: list[Step], telemetry: str | None) -> None:
     """The quickstart's drop accounting, stage by stage, and its token cache."""
     summary_step = next(step for step in all_steps(steps) if step.name == "summary")
     summary_file = paths.join(output_path(paths.normalize(prefix), summary_step), "summary.json")
@@ -237,6 +252,7 @@ def _show_quickstart_summary(prefix: str, steps: list[Step]) -> None:
         f"token cache: {summary['tokens']:,} tokens, {summary['documents']:,} documents, "
         f"vocabulary {summary['vocab_size']:,} -> {summary['cache']}\n"
         f"{_trained_line(summary)}\n"
+        f"{_telemetry_line(telemetry, summary['train']['output'])}"
         f"summary: {summary_file}\n"
         f"next: `keel status --prefix {prefix}`; run again and every step is cached."
     )
@@ -248,6 +264,23 @@ def _trained_line(summary: dict) -> str:
         f"trained tiny-moe for {train['step']} steps: loss {train['loss']:.2f} nats "
         f"(unigram entropy {summary['unigram_entropy']:.2f}), held-out "
         f"{train['eval_loss']:.2f} nats = {train['eval_bpb']:.3f} bits/byte -> {train['output']}"
+    )
+
+
+def _telemetry_line(telemetry: str | None, run: str) -> str:
+    """How many metric rows the run left in the telemetry store, and the query that shows them."""
+    if telemetry is None or not os.path.isdir(telemetry):
+        return ""
+    query = (
+        'SELECT step, value AS loss FROM \\"train.metrics\\" '
+        f"WHERE run = '{run}' AND name = 'loss' ORDER BY step DESC LIMIT 5"
+    )
+    rows = TelemetryStore(telemetry).query(
+        f"SELECT count(*) AS n FROM \"train.metrics\" WHERE run = '{run}'"
+    )
+    return (
+        f"telemetry: {rows.column('n')[0].as_py():,} metric rows of this run in {telemetry}: "
+        f'keel logs query --root {telemetry} "{query}"\n'
     )
 
 

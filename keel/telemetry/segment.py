@@ -4,7 +4,8 @@ Rows are kept in arrival order across spans of four row groups and grouped by a 
 id) then time inside each span: one key's rows of a span land in one or two row groups, which lets
 postings skip the rest, while each row group still covers a short stretch of time, which lets time
 ranges skip row groups and not only whole segments. A segment is written under a temporary name,
-fsynced and renamed; it becomes visible only when the manifest names it. Its checksum (xxh3-64 of the file) ties it to its sidecar index.
+fsynced and renamed; it becomes visible only when the manifest names it. Its checksum (xxh3-64 of
+the file) ties it to its sidecar index.
 """
 
 from __future__ import annotations
