@@ -19,10 +19,11 @@ from rich.table import Table
 
 from keel.cli.output import stdout, user_errors
 from keel.core.errors import UsageError
-from keel.telemetry.client import HttpTelemetry, Telemetry, json_default, poll_rows
+from keel.telemetry.client import HttpTelemetry, Telemetry, poll_rows
 from keel.telemetry.schema import TelemetryInputError
 from keel.telemetry.server import TelemetryServer
 from keel.telemetry.store import StoreOptions, TelemetryStore
+from keel.telemetry.wire import json_default
 
 logger = logging.getLogger(__name__)
 

@@ -9,14 +9,12 @@ TelemetryInputError / TelemetryQueryError / UsageError with the same one-line me
 from __future__ import annotations
 
 import base64
-import dataclasses
 import http.client
 import select
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import date, datetime, timedelta
-from decimal import Decimal
+from datetime import datetime
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -33,8 +31,8 @@ from keel.telemetry.schema import (
     check_namespace,
 )
 from keel.telemetry.store import CompactionReport, SharedStore, TelemetryStore
+from keel.telemetry.wire import ARROW_STREAM, arrow_stream, json_default, read_stream
 
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
 FOLLOW_BATCH_ROWS = 100_000
 """At most this many new rows per poll of a follow (more in one poll: the oldest are skipped)."""
 
@@ -321,33 +319,3 @@ def _closed_by_peer(connection: http.client.HTTPConnection) -> bool:
     except (OSError, ValueError):
         return True
     return bool(readable)
-
-
-def arrow_stream(table: pa.Table) -> bytes:
-    """`table` as the bytes of an Arrow IPC stream."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def read_stream(data: bytes) -> pa.Table:
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-
-
-def json_default(value: Any) -> Any:
-    """orjson's fallback: decimals as numbers, bytes as base64, durations as seconds, intervals as
-    {months, days, nanoseconds}."""
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, bytes | bytearray | memoryview):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, tuple) and hasattr(value, "__match_args__"):  # an interval (MonthDayNano)
-        return {name: getattr(value, name) for name in value.__match_args__}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    raise TypeError(f"cannot send {type(value).__name__} as JSON")

@@ -1,11 +1,11 @@
 """Immutable Parquet segments: rows clustered by the namespace's key, zstd, fixed row groups.
 
-Rows are kept in arrival order across spans of four row groups and grouped by a key column (a job
-id) then time inside each span: one key's rows of a span land in one or two row groups, which lets
-postings skip the rest, while each row group still covers a short stretch of time, which lets time
-ranges skip row groups and not only whole segments. A segment is written under a temporary name,
-fsynced and renamed; it becomes visible only when the manifest names it. Its checksum (xxh3-64 of
-the file) ties it to its sidecar index.
+Rows are kept in arrival order across spans of 262,144 rows and grouped by a key column (a job id)
+then time inside each span: one key's rows of a span land in one or two row groups (16,384 rows by
+default), which lets postings skip the rest, while each row group still covers a short stretch of
+time, which lets time ranges skip row groups and not only whole segments. A segment is written
+under a temporary name, fsynced and renamed; it becomes visible only when the manifest names it.
+Its checksum (xxh3-64 of the file) ties it to its sidecar index.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from keel.telemetry.schema import NamespaceOptions
 from keel.telemetry.sidecar import SegmentIndex, build_index, save_index
 
 COMPRESSION = "zstd"
-CLUSTER_SPAN_ROW_GROUPS = 4  # keys are grouped within spans of this many row groups of arrivals
+CLUSTER_SPAN_ROWS = 262_144  # keys are grouped within spans of this many arrivals
 
 
 def segment_path(directory: Path, name: str) -> Path:
@@ -92,7 +92,7 @@ def write_segment(
         if options.time_column and options.time_column not in keys:
             keys.append(options.time_column)
         if keys:
-            table = table.take(cluster_order(table, keys, CLUSTER_SPAN_ROW_GROUPS * row_group_rows))
+            table = table.take(cluster_order(table, keys, CLUSTER_SPAN_ROWS))
     final = segment_path(directory, name)
     temporary = directory / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
     pq.write_table(

@@ -43,7 +43,7 @@ import orjson
 import pyarrow as pa
 
 from keel.core.errors import KeelError, UsageError
-from keel.telemetry.client import arrow_stream, json_default, poll_rows, time_column
+from keel.telemetry.client import poll_rows, time_column
 from keel.telemetry.schema import (
     StoreBusyError,
     TelemetryInputError,
@@ -51,12 +51,18 @@ from keel.telemetry.schema import (
     check_namespace,
 )
 from keel.telemetry.store import TelemetryStore
+from keel.telemetry.wire import (
+    ARROW_STREAM,
+    JSON,
+    NDJSON,
+    arrow_stream,
+    decode_rows,
+    json_default,
+    ndjson_rows,
+)
 
 logger = logging.getLogger(__name__)
 
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
-JSON = "application/json"
-NDJSON = "application/x-ndjson"
 FOLLOW_POLL_SECONDS = 0.5
 """How often a follow stream looks for new rows."""
 FOLLOW_HEARTBEAT_SECONDS = 10.0
@@ -517,38 +523,6 @@ class _Handler(BaseHTTPRequestHandler):
                 if not data:
                     break
                 discarded += len(data)
-
-
-def decode_rows(kind: str, body: bytes) -> pa.Table | list[Any]:
-    """A write's body as a table (Arrow IPC stream) or a list of rows (JSON, NDJSON)."""
-    if kind == ARROW_STREAM:
-        try:
-            return pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-        except (pa.ArrowInvalid, OSError) as error:
-            raise HttpError(400, f"body is not an Arrow IPC stream: {_one_line(error)}") from None
-    if kind == JSON:
-        try:
-            payload = orjson.loads(body)
-        except orjson.JSONDecodeError as error:
-            raise HttpError(400, f"body is not JSON: {error}") from None
-        if isinstance(payload, dict) and isinstance(payload.get("rows"), list):
-            return payload["rows"]
-        if isinstance(payload, list):
-            return payload
-        raise HttpError(400, 'send a JSON list of row objects or {"rows": [...]}')
-    rows = []
-    for number, line in enumerate(body.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(orjson.loads(line))
-            except orjson.JSONDecodeError as error:
-                raise HttpError(400, f"NDJSON line {number} is not JSON: {error}") from None
-    return rows
-
-
-def ndjson_rows(table: pa.Table) -> bytes:
-    """One JSON object per row, one per line (timestamps as ISO-8601 strings)."""
-    return b"".join(orjson.dumps(row, default=json_default) + b"\n" for row in table.to_pylist())
 
 
 def _param(query: dict[str, list[str]], name: str) -> str | None:

@@ -56,7 +56,7 @@ class StoreOptions:
     flush_rows: int = 1_000_000
     flush_bytes: int = 256 << 20
     flush_seconds: float = 5.0
-    row_group_rows: int = 65_536
+    row_group_rows: int = 16_384
     compact_target_rows: int = 8_000_000
     background: bool = True
     auto_compact_seconds: float | None = None

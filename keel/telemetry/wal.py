@@ -18,6 +18,7 @@ import pyarrow as pa
 import xxhash
 
 from keel.core import paths
+from keel.telemetry.wire import arrow_stream, read_stream
 
 MAGIC = b"KWL1"
 HEADER = struct.Struct("<4sQQ")  # magic, payload bytes, xxh3-64 of the payload
@@ -50,15 +51,12 @@ class WalWriter:
 
     def append(self, table: pa.Table) -> int:
         """Write `table` as one record and fsync; return the bytes written."""
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as stream:
-            stream.write_table(table)
-        payload = sink.getvalue()
-        header = HEADER.pack(MAGIC, payload.size, xxhash.xxh3_64_intdigest(payload))
-        _write_all(self._fd, header + payload.to_pybytes())
+        payload = arrow_stream(table)
+        header = HEADER.pack(MAGIC, len(payload), xxhash.xxh3_64_intdigest(payload))
+        _write_all(self._fd, header + payload)
         os.fsync(self._fd)
-        self.bytes += HEADER.size + payload.size
-        return HEADER.size + payload.size
+        self.bytes += HEADER.size + len(payload)
+        return HEADER.size + len(payload)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -91,7 +89,7 @@ def read_wal(path: Path) -> WalContents:
         payload = memoryview(data)[start:end]
         if xxhash.xxh3_64_intdigest(payload) != digest:
             break
-        tables.append(pa.ipc.open_stream(pa.py_buffer(payload)).read_all())
+        tables.append(read_stream(payload))
         offset = end
     return WalContents(tables, offset, len(data))
 
