@@ -505,15 +505,14 @@ class SharedStore:
     def close(self) -> None:
         if self.store is None:
             return
-        with SharedStore._guard:
+        with SharedStore._guard:  # held through the close: a new handle waits for the release
             store, handles = SharedStore._open[self.root]
             if handles == 1:
                 del SharedStore._open[self.root]
+                store.close()
             else:
                 SharedStore._open[self.root] = (store, handles - 1)
-        self.store = None
-        if handles == 1:
-            store.close()
+            self.store = None
 
     def _store(self) -> TelemetryStore:
         if self.store is None:

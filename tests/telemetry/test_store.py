@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -20,6 +21,7 @@ from keel.telemetry import (
     TelemetryQueryError,
     TelemetryStore,
 )
+from keel.telemetry.store import SharedStore
 from keel.telemetry.wal import generation_path, generations
 
 START = datetime(2026, 11, 1)
@@ -200,3 +202,18 @@ def test_compaction_merges_segments_and_retention_drops_old_ones(tmp_path, small
         report = store.compact(now=START.timestamp() + 8 * 86_400)
         assert report.rows_dropped == 16_000
         assert store.query('SELECT count(*) AS n FROM "app.logs"').column("n").to_pylist() == [0]
+
+
+def test_handles_opened_and_closed_from_many_threads_share_one_writer(tmp_path):
+    def report(worker: int) -> None:
+        for step in range(100):
+            with SharedStore(tmp_path) as handle:
+                handle.write("flow.stage", [{"worker": worker, "step": step}])
+
+    threads = [threading.Thread(target=report, args=(worker,)) for worker in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    count = TelemetryStore(tmp_path).query('SELECT count(*) AS n FROM "flow.stage"')
+    assert count.column("n").to_pylist() == [200]
