@@ -1,0 +1,87 @@
+"""The TaskBackend contract: how the controller starts, observes and stops tasks on an engine.
+
+A backend returns plain data and never touches the controller's database; the controller decides,
+the backend carries out. Every method may be called again after a controller restart with handles
+from a previous process, so a handle must be enough to find a task again (a directory, a Slurm job
+id, a Ray submission id), and `poll` must tell a finished task's outcome long after it ended.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class TaskState(enum.StrEnum):
+    """What a backend reports about one launched task."""
+
+    PENDING = "pending"  # accepted by the engine, not started yet (e.g. queued in Slurm)
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # exited non-zero, or the engine failed it; `reason` says which
+    LOST = "lost"  # the engine no longer knows it (node gone, handle unknown)
+    CANCELLED = "cancelled"  # stopped through cancel()
+
+
+@dataclass(frozen=True)
+class TaskLaunch:
+    """Everything a backend needs to start one replica of a job (one attempt)."""
+
+    task_id: str  # unique per job replica, e.g. "j-000042.0"
+    attempt: int  # 1, 2, ... (a retry or a requeue after preemption is a new attempt)
+    command: tuple[str, ...]  # argv; argv[0] is found on PATH by the engine
+    env: Mapping[str, str] = field(default_factory=dict)
+    cpus: float = 1.0
+    memory_mb: int = 0  # 0: no limit asked
+    device_type: str = "cpu"
+    device_count: int = 0
+    log_dir: str = ""  # a directory for this attempt's stdout / stderr files
+    workdir: str = ""  # where the command runs ("" = the controller's working directory)
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    handle: str
+    state: TaskState
+    exit_code: int | None = None
+    reason: str = ""  # one line for failed / lost tasks
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a cluster offers right now: free and total per device type (cpus under "cpu")."""
+
+    total: Mapping[str, float]
+    free: Mapping[str, float]
+    region: str = ""
+
+
+class TaskBackend(Protocol):
+    """An engine that runs tasks: local subprocesses, Slurm, Ray."""
+
+    name: str
+
+    def launch(self, task: TaskLaunch) -> str:
+        """Start the task; return its handle. Raises UsageError if the engine refuses it
+        (a command that does not exist, a resource the engine cannot give)."""
+        ...
+
+    def poll(self, handles: list[str]) -> dict[str, TaskStatus]:
+        """The current state of each handle (unknown handles: LOST)."""
+        ...
+
+    def cancel(self, handle: str) -> None:
+        """Stop the task (a no-op if it already ended)."""
+        ...
+
+    def log_files(self, handle: str) -> tuple[str, str]:
+        """Paths of the task's stdout and stderr files (they may not exist yet)."""
+        ...
+
+    def capacity(self) -> Capacity:
+        """What the engine can run now; the controller reports it to the scheduler."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,189 @@
+"""The local backend: tasks are subprocesses of this machine, tracked through their directories.
+
+Each attempt gets a directory (the handle): `stdout`, `stderr`, `pid` (pid; kernel start time,
+so a reused pid is not mistaken for the task; cpus) and, written by the task's shell wrapper as it
+exits, `exit_code`. All state is in files, so a controller restarted after a crash finds its tasks
+again: one still running is adopted, a finished one reports its exit code, one that vanished
+without an exit code (SIGKILL, a reboot) is LOST. Tasks run in their own session, so a controller
+that dies does not take them down, and cancel stops the whole process group.
+
+The pool is a scale group: `scale_to(cpus)` sets how many cpus the backend offers, between
+`min_cpus` and `max_cpus` (default: this machine's cpus); the controller grows it while work waits
+and shrinks it when idle.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from keel.cluster.backend import Capacity, TaskLaunch, TaskState, TaskStatus
+from keel.core.errors import UsageError
+
+CANCEL_GRACE_SECONDS = 5.0
+
+
+class LocalBackend:
+    """Runs tasks as local subprocesses (see the module docstring)."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        log_root: str | os.PathLike[str],
+        *,
+        max_cpus: float | None = None,
+        min_cpus: float = 1.0,
+        region: str = "",
+    ) -> None:
+        self.log_root = Path(log_root)
+        self.max_cpus = float(max_cpus if max_cpus is not None else os.cpu_count() or 1)
+        self.min_cpus = min(min_cpus, self.max_cpus)
+        self.cpus = self.max_cpus
+        self.region = region
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._used: dict[str, float] = {}  # handle -> cpus, for tasks this process started
+
+    def launch(self, task: TaskLaunch) -> str:
+        directory = (
+            Path(task.log_dir) if task.log_dir else self.log_root / task.task_id / str(task.attempt)
+        )
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = str(directory)
+        if (directory / "pid").exists():
+            return handle  # launched before (the controller died before recording it): adopt
+        workdir = task.workdir or None
+        if workdir is not None and not os.path.isdir(workdir):
+            raise UsageError(f"working directory {workdir} does not exist")
+        # The wrapper records the exit code atomically, so it survives this process.
+        script = (
+            f"{shlex.join(task.command)}; code=$?; "
+            f"echo $code > {shlex.quote(str(directory / 'exit_code.tmp'))} && "
+            f"mv {shlex.quote(str(directory / 'exit_code.tmp'))} "
+            f"{shlex.quote(str(directory / 'exit_code'))}; exit $code"
+        )
+        env = {
+            **os.environ,
+            **task.env,
+            "KEEL_TASK_ID": task.task_id,
+            "KEEL_ATTEMPT": str(task.attempt),
+        }
+        with open(directory / "stdout", "ab") as stdout, open(directory / "stderr", "ab") as stderr:
+            child = subprocess.Popen(
+                ["/bin/sh", "-c", script],
+                stdout=stdout,
+                stderr=stderr,
+                stdin=subprocess.DEVNULL,
+                cwd=workdir,
+                env=env,
+                start_new_session=True,
+            )
+        (directory / "pid").write_text(f"{child.pid} {_start_time(child.pid)} {task.cpus}\n")
+        self._children[handle] = child
+        self._used[handle] = task.cpus
+        return handle
+
+    def poll(self, handles: list[str]) -> dict[str, TaskStatus]:
+        return {handle: self._status(handle) for handle in handles}
+
+    def _status(self, handle: str) -> TaskStatus:
+        directory = Path(handle)
+        child = self._children.get(handle)
+        if child is not None:
+            child.poll()  # reap, so a finished child is not a zombie that looks alive
+        if (directory / "cancelled").exists() and not self._alive(directory):
+            self._forget(handle)
+            return TaskStatus(handle, TaskState.CANCELLED, reason="cancelled")
+        exit_file = directory / "exit_code"
+        if exit_file.exists():
+            self._forget(handle)
+            code = int(exit_file.read_text().strip() or "1")
+            if code == 0:
+                return TaskStatus(handle, TaskState.SUCCEEDED, 0)
+            return TaskStatus(handle, TaskState.FAILED, code, f"exited with code {code}")
+        if not (directory / "pid").exists():
+            return TaskStatus(handle, TaskState.LOST, reason=f"no task was started in {handle}")
+        if self._alive(directory):
+            # A task adopted after a restart counts against the pool like one started here.
+            self._used.setdefault(handle, float((directory / "pid").read_text().split()[2]))
+            return TaskStatus(handle, TaskState.RUNNING)
+        self._forget(handle)
+        return TaskStatus(handle, TaskState.LOST, reason="the process ended without an exit code")
+
+    def cancel(self, handle: str) -> None:
+        directory = Path(handle)
+        if not (directory / "pid").exists() or (directory / "exit_code").exists():
+            return
+        (directory / "cancelled").touch()
+        pid = int((directory / "pid").read_text().split()[0])
+        if not self._alive(directory):
+            return
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + CANCEL_GRACE_SECONDS
+        while self._alive(directory) and time.monotonic() < deadline:
+            child = self._children.get(handle)
+            if child is not None:
+                child.poll()
+            time.sleep(0.05)
+        if self._alive(directory):
+            _signal_group(pid, signal.SIGKILL)
+
+    def log_files(self, handle: str) -> tuple[str, str]:
+        return str(Path(handle) / "stdout"), str(Path(handle) / "stderr")
+
+    def capacity(self) -> Capacity:
+        for handle in list(self._used):
+            self._status(handle)
+        used = sum(self._used.values())
+        # total: what the pool can grow to (what a job may ask for); free: the pool as sized now.
+        return Capacity(
+            total={"cpu": self.max_cpus},
+            free={"cpu": max(0.0, self.cpus - used)},
+            region=self.region,
+        )
+
+    def scale_to(self, cpus: float) -> float:
+        """Offer `cpus` (clamped to [min_cpus, max_cpus]); return what is offered now."""
+        self.cpus = min(self.max_cpus, max(self.min_cpus, cpus))
+        return self.cpus
+
+    def close(self) -> None:
+        """Forget the children (they keep running; a new backend finds them by handle)."""
+        self._children.clear()
+
+    def _alive(self, directory: Path) -> bool:
+        try:
+            pid_text, started, _ = (directory / "pid").read_text().split()
+        except (FileNotFoundError, ValueError):
+            return False
+        pid = int(pid_text)
+        child = self._children.get(str(directory))
+        if child is not None and child.poll() is not None:
+            return False
+        return _start_time(pid) == started
+
+    def _forget(self, handle: str) -> None:
+        self._children.pop(handle, None)
+        self._used.pop(handle, None)
+
+
+def _start_time(pid: int) -> str:
+    """The kernel's start time of `pid` (clock ticks since boot); "" if gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return ""
+    if fields[0] == "Z":
+        return ""
+    return fields[19]
+
+
+def _signal_group(pid: int, number: int) -> None:
+    try:
+        os.killpg(pid, number)
+    except ProcessLookupError:
+        return

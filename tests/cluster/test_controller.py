@@ -1,0 +1,148 @@
+"""The controller over the local backend: jobs run, retry, fail with a reason, preempt, and survive
+a controller killed mid-run."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from keel.cluster.controller import Controller
+from keel.cluster.local import LocalBackend
+from keel.cluster.spec import JobSpec, Priority, Resources
+from keel.cluster.state import job_status, submit
+from keel.core.errors import UsageError
+
+
+def controller(root: Path, cpus: float = 2) -> Controller:
+    return Controller(root, {"local": LocalBackend(root / "tasks", max_cpus=cpus)})
+
+
+def run_until(control: Controller, done, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        control.tick()
+        time.sleep(0.05)
+
+
+def states(control: Controller, *jobs: str) -> list[str]:
+    return [job_status(control.database, job)["state"] for job in jobs]
+
+
+def shell(script: str, **changes) -> JobSpec:
+    return JobSpec(("sh", "-c", script), **changes)
+
+
+def test_jobs_succeed_fail_and_retry_with_their_reason(tmp_path):
+    control = controller(tmp_path)
+    ok = submit(control.database, shell("echo hello"))
+    gang = submit(control.database, shell('echo "replica $KEEL_REPLICA"', replicas=2))
+    flaky = submit(
+        control.database,
+        shell(f"test -e {tmp_path}/again || (touch {tmp_path}/again; exit 3)", max_retries=1),
+    )
+    broken = submit(control.database, shell("exit 4", max_retries=1))
+    jobs = (ok, gang, flaky, broken)
+    run_until(control, lambda: all(s in ("succeeded", "failed") for s in states(control, *jobs)))
+    assert states(control, *jobs) == ["succeeded", "succeeded", "succeeded", "failed"]
+    status = job_status(control.database, broken)
+    assert status["failures"] == 2 and status["reason"] == "replica 0: exited with code 4"
+    assert job_status(control.database, flaky)["failures"] == 1
+    outputs = sorted(
+        Path(control.backends["local"].log_files(task["handle"])[0]).read_text()
+        for task in job_status(control.database, gang)["tasks"]
+    )
+    assert outputs == ["replica 0\n", "replica 1\n"]
+
+
+def test_a_gang_that_cannot_fit_any_cluster_is_rejected_and_bad_specs_are_refused(tmp_path):
+    control = controller(tmp_path, cpus=2)
+    big = submit(control.database, shell("true", replicas=3))
+    gpu = submit(
+        control.database, shell("true", resources=Resources(device_type="h100", device_count=1))
+    )
+    control.tick()
+    assert states(control, big, gpu) == ["failed", "failed"]
+    assert (
+        "needs 3 cpu on one cluster; the largest has 2"
+        in job_status(control.database, big)["reason"]
+    )
+    assert "no cluster has device type 'h100'" in job_status(control.database, gpu)["reason"]
+    with pytest.raises(UsageError, match="must be positive"):
+        shell("true", resources=Resources(cpus=-1)).validate()
+    with pytest.raises(UsageError, match="not found"):
+        JobSpec(("no-such-command-xyz",)).validate()
+    with pytest.raises(UsageError, match="no job 'j-999999'"):
+        job_status(control.database, "j-999999")
+
+
+def test_production_work_preempts_batch_work_which_is_requeued_and_completes(tmp_path):
+    control = controller(tmp_path, cpus=2)
+    marker = tmp_path / "preempted-once"
+    script = f"if [ ! -e {marker} ]; then touch {marker}; sleep 30; fi; echo finished"
+    batch = submit(control.database, shell(script, resources=Resources(cpus=2)))
+    run_until(control, lambda: states(control, batch) == ["running"] and marker.exists())
+    urgent = submit(
+        control.database,
+        shell("sleep 0.2", resources=Resources(cpus=2), priority=Priority.PRODUCTION),
+    )
+    run_until(control, lambda: states(control, urgent, batch) == ["succeeded", "succeeded"])
+    status = job_status(control.database, batch)
+    assert status["preemptions"] == 1 and status["tasks"][0]["attempt"] == 2
+
+
+CONTROLLER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from keel.cluster.controller import Controller
+    from keel.cluster.local import LocalBackend
+
+    root = Path(sys.argv[1])
+    Controller(root, {"local": LocalBackend(root / "tasks", max_cpus=2)}).run(tick_seconds=0.05)
+    """
+)
+
+
+def test_a_controller_killed_mid_run_loses_no_job_and_runs_none_twice(tmp_path):
+    journal = tmp_path / "journal"
+    control = controller(tmp_path)  # only to submit and read; the subprocess ticks
+    jobs = [
+        submit(
+            control.database,
+            shell(
+                f'echo "start $KEEL_JOB_ID" >> {journal}; sleep 0.6; '
+                f'echo "end $KEEL_JOB_ID" >> {journal}',
+                resources=Resources(cpus=1),
+            ),
+        )
+        for _ in range(6)
+    ]
+    first = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(tmp_path)])
+    deadline = time.monotonic() + 30
+    while "start" not in (journal.read_text() if journal.exists() else ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+    second = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 60
+        while not all(s == "succeeded" for s in states(control, *jobs)):
+            assert time.monotonic() < deadline, states(control, *jobs)
+            time.sleep(0.1)
+    finally:
+        second.kill()
+        second.wait()
+    lines = journal.read_text().split("\n")
+    for job in jobs:
+        assert lines.count(f"start {job}") == 1 and lines.count(f"end {job}") == 1
+    running = 0
+    for line in lines:  # at most 2 cpus' worth of 1-cpu jobs at once, across both controllers
+        running += line.startswith("start") - line.startswith("end")
+        assert running <= 2
