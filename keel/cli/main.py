@@ -9,6 +9,7 @@ import typer
 
 from keel import __version__
 from keel.cli import (
+    cluster_commands,
     data_commands,
     logs_commands,
     scaling_commands,
@@ -34,6 +35,7 @@ scaling_commands.register(app)
 sweep_commands.register(scaling_commands.app)
 screen_commands.register(scaling_commands.app)
 train_commands.register(app)
+cluster_commands.register(app)
 logs_commands.register(app)
 
 

@@ -68,7 +68,7 @@ class Controller:
         home: str | None = None,
         telemetry: str = "",
     ) -> None:
-        self.root = Path(root)
+        self.root = Path(root).resolve()
         self.backends = dict(backends)
         self.regions = dict(regions or {})
         self.report_every = max(1, report_every)

@@ -1,0 +1,283 @@
+"""`keel cluster start|status|stop` and `keel job run|status|logs|cancel`.
+
+Job commands work on the controller state under --root (default keel-out/cluster): they write to
+its SQLite database and a running controller picks the work up at its next tick. When no controller
+runs for that root, `keel job run` starts an embedded one in the background that exits once idle.
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+import orjson
+import typer
+from rich.table import Table
+
+from keel.cli.output import print_json, stderr, stdout, user_errors
+from keel.cluster import daemon, state
+from keel.cluster.config import load_federation
+from keel.cluster.logs import follow_file
+from keel.cluster.spec import JobSpec, Priority, Resources, parse_device
+from keel.core.errors import UsageError
+
+DEFAULT_ROOT = "keel-out/cluster"
+cluster_app = typer.Typer(
+    name="cluster", help="Run and inspect the job controller.", no_args_is_help=True
+)
+job_app = typer.Typer(
+    name="job", help="Submit, inspect and cancel jobs on the controller.", no_args_is_help=True
+)
+ROOT = typer.Option(
+    DEFAULT_ROOT, "--root", "--controller", help="The controller's state directory."
+)
+JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(cluster_app, name="cluster")
+    app.add_typer(job_app, name="job")
+
+
+class _Terminated(Exception):
+    """SIGTERM: stop like Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated()
+
+
+@cluster_app.command("start")
+@user_errors
+def start_command(
+    config: str | None = typer.Option(
+        None, "--config", help="clusters.yaml (default: one local cluster)."
+    ),
+    root: str = ROOT,
+) -> None:
+    """Run the controller in the foreground until Ctrl-C, SIGTERM or `keel cluster stop`.
+
+    Examples:
+      keel cluster start
+      keel cluster start --config clusters.yaml --root /shared/keel-cluster
+    """
+    load_federation(config)  # a bad config fails here, as one line
+    running = daemon.running_controller(Path(root))
+    if running is not None:
+        raise UsageError(
+            f"a controller already runs for {root} (pid {running['pid']}): "
+            "stop it first with `keel cluster stop`"
+        )
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    stderr.print(f"controller for {root} running; Ctrl-C to stop")
+    try:
+        daemon.run(Path(root), config)
+    except (KeyboardInterrupt, _Terminated):
+        stderr.print("controller stopped")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@cluster_app.command("stop")
+@user_errors
+def stop_command(root: str = ROOT) -> None:
+    """Stop the controller running for --root (its jobs keep running and are found again).
+
+    Example: keel cluster stop
+    """
+    running = daemon.running_controller(Path(root))
+    if running is None:
+        stderr.print(f"no controller runs for {root}")
+        return
+    database = state.connect(Path(root) / "state.db")
+    state.set_value(database, "stop", "1")
+    deadline = time.monotonic() + 15
+    while daemon.running_controller(Path(root)) is not None:
+        if time.monotonic() > deadline:
+            raise UsageError(f"the controller (pid {running['pid']}) did not stop within 15 s")
+        time.sleep(0.1)
+    stdout.print(f"stopped the controller for {root}")
+
+
+@cluster_app.command("status")
+@user_errors
+def status_command(root: str = ROOT, as_json: bool = JSON) -> None:
+    """The clusters' last reported capacity and the jobs by state.
+
+    Example: keel cluster status --json
+    """
+    database = state.connect(Path(root) / "state.db")
+    clusters = [dict(row) for row in database.execute("SELECT * FROM clusters ORDER BY name")]
+    for cluster in clusters:
+        cluster["total"], cluster["free"] = (
+            orjson.loads(cluster["total"]),
+            orjson.loads(cluster["free"]),
+        )
+    counts = dict(database.execute("SELECT state, count(*) FROM jobs GROUP BY state").fetchall())
+    running = daemon.running_controller(Path(root))
+    if as_json:
+        print_json({"controller": running, "clusters": clusters, "jobs": counts})
+        return
+    stdout.print(f"controller: {'pid ' + str(running['pid']) if running else 'not running'}")
+    table = Table("cluster", "backend", "region", "total", "free")
+    for cluster in clusters:
+        table.add_row(
+            cluster["name"],
+            cluster["backend"],
+            cluster["region"] or "-",
+            _amounts(cluster["total"]),
+            _amounts(cluster["free"]),
+        )
+    stdout.print(table)
+    stdout.print("jobs: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"))
+
+
+@job_app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@user_errors
+def run_command(
+    context: typer.Context,
+    cpus: float = typer.Option(1.0, "--cpus", help="CPUs per replica."),
+    memory: int = typer.Option(0, "--memory", help="MiB per replica (0: unspecified)."),
+    device: str | None = typer.Option(
+        None, "--device", help="TYPE:COUNT per replica, e.g. h100:8."
+    ),
+    replicas: int = typer.Option(1, "--replicas", help="Replicas, started together (a gang)."),
+    priority: str = typer.Option("batch", "--priority", help="production, interactive or batch."),
+    region: str = typer.Option("", "--region", help="Run only on clusters of this region."),
+    retries: int = typer.Option(0, "--retries", help="Attempts after a failure."),
+    name: str = typer.Option("", "--name", help="A label for the job."),
+    env: list[str] = typer.Option([], "--env", help="KEY=VALUE for the command (repeatable)."),
+    config: str | None = typer.Option(
+        None, "--config", help="clusters.yaml for an embedded controller."
+    ),
+    root: str = ROOT,
+) -> None:
+    """Submit a command as a job; print its id. Everything after `--` is the command.
+
+    Examples:
+      keel job run -- python train.py --steps 100
+      keel job run --cpus 4 --replicas 2 --priority production -- ./eval.sh
+      keel job run --device h100:8 --region us -- python -m keel train run.yaml
+    """
+    command = tuple(context.args)
+    device_type, device_count = parse_device(device) if device else ("cpu", 0)
+    variables = {}
+    for item in env:
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise UsageError(f"--env {item!r}: write KEY=VALUE")
+        variables[key] = value
+    spec = JobSpec(
+        command=command,
+        name=name,
+        resources=Resources(cpus, memory, device_type, device_count),
+        replicas=replicas,
+        env=variables,
+        region=region,
+        priority=Priority.parse(priority),
+        max_retries=retries,
+        workdir=str(Path.cwd()),
+    ).validate()
+    database = state.connect(Path(root) / "state.db")
+    _check_known_devices(database, spec, config)
+    job_id = state.submit(database, spec)
+    if daemon.running_controller(Path(root)) is None:
+        daemon.start_embedded(Path(root), config)
+    typer.echo(job_id)
+
+
+@job_app.command("status")
+@user_errors
+def job_status_command(job_id: str, root: str = ROOT, as_json: bool = JSON) -> None:
+    """A job's state (pending, running, succeeded, failed, cancelled, preempted) and tasks.
+
+    Example: keel job status j-000001 --json
+    """
+    status = state.job_status(state.connect(Path(root) / "state.db"), job_id)
+    if as_json:
+        print_json(status)
+        return
+    reason = f" ({status['reason']})" if status["reason"] else ""
+    stdout.print(f"{status['id']} {status['name']}: {status['state']}{reason}")
+    for task in status["tasks"]:
+        stdout.print(
+            f"  replica {task['replica']} attempt {task['attempt']} on {task['cluster']}: "
+            f"{task['state']}"
+            + (f" exit {task['exit_code']}" if task["exit_code"] is not None else "")
+        )
+
+
+@job_app.command("logs")
+@user_errors
+def logs_command(
+    job_id: str,
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
+    replica: int = typer.Option(0, "--replica", help="Which replica's output."),
+    errors: bool = typer.Option(False, "--stderr", help="Its stderr instead of stdout."),
+    root: str = ROOT,
+) -> None:
+    """Print a job's output (its latest attempt); --follow waits for more until it ends.
+
+    Example: keel job logs j-000001 --follow
+    """
+    database = state.connect(Path(root) / "state.db")
+    deadline = time.monotonic() + 30
+    while True:
+        status = state.job_status(database, job_id)
+        task = next((t for t in status["tasks"] if t["replica"] == replica), None)
+        if task is not None or not follow or status["state"] in state.FINAL_JOB_STATES:
+            break
+        if time.monotonic() > deadline:
+            raise UsageError(
+                f"job {job_id} has not started within 30 s: see `keel job status {job_id}`"
+            )
+        time.sleep(0.2)
+    if task is None:
+        stderr.print(f"job {job_id} has no output yet (state: {status['state']})")
+        return
+    path = Path(root) / "tasks" / job_id / str(replica) / str(task["attempt"])
+    path = path / ("stderr" if errors else "stdout")
+    if not path.exists() and task["handle"]:
+        path = Path(task["handle"]) / ("stderr" if errors else "stdout")
+
+    def ended() -> bool:
+        return not follow or state.job_status(database, job_id)["state"] in state.FINAL_JOB_STATES
+
+    for line in follow_file(path, done=ended):
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+@job_app.command("cancel")
+@user_errors
+def cancel_command(job_id: str, root: str = ROOT) -> None:
+    """Cancel a job: a pending one at once, a running one at the controller's next tick.
+
+    Example: keel job cancel j-000001
+    """
+    after = state.request_cancel(state.connect(Path(root) / "state.db"), job_id)
+    stdout.print(f"{job_id}: {'cancelled' if after == 'cancelled' else 'cancel requested'}")
+
+
+def _check_known_devices(database: sqlite3.Connection, spec: JobSpec, config: str | None) -> None:
+    """Refuse at once a device type no cluster has: by the clusters' last reports, or, before any
+    report, when every configured cluster is local (cpus only)."""
+    kind = spec.resources.device_type
+    if kind == "cpu":
+        return
+    totals = [orjson.loads(row[0]) for row in database.execute("SELECT total FROM clusters")]
+    if not totals and all(c.backend == "local" for c in load_federation(config).clusters):
+        totals = [{"cpu": 1}]
+    if totals and not any(total.get(kind, 0) > 0 for total in totals):
+        known = sorted({k for total in totals for k in total})
+        raise UsageError(
+            f"no cluster has device type {kind!r} (clusters offer: {', '.join(known)})"
+        )
+
+
+def _amounts(amounts: dict[str, float]) -> str:
+    return ", ".join(f"{kind} {value:g}" for kind, value in sorted(amounts.items())) or "-"

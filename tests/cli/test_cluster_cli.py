@@ -1,0 +1,71 @@
+"""`keel job ...` and `keel cluster ...` as a user runs them: an embedded controller starts on
+demand, jobs run, their output and state are there, mistakes are one line."""
+
+import json
+import subprocess
+import sys
+import time
+
+KEEL = [sys.executable, "-m", "keel"]
+
+
+def keel(*args, cwd, check=True):
+    result = subprocess.run([*KEEL, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def wait_for(cwd, job_id, states, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        status = json.loads(keel("job", "status", job_id, "--json", cwd=cwd).stdout)
+        if status["state"] in states:
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.3)
+
+
+def test_jobs_run_on_an_embedded_controller_and_can_be_cancelled(tmp_path):
+    job = keel(
+        "job",
+        "run",
+        "--env",
+        "GREETING=hello",
+        "--",
+        "sh",
+        "-c",
+        'echo "$GREETING job"',
+        cwd=tmp_path,
+    ).stdout.strip()
+    assert job == "j-000001"
+    status = wait_for(tmp_path, job, {"succeeded", "failed"})
+    assert status["state"] == "succeeded" and status["tasks"][0]["exit_code"] == 0
+    assert keel("job", "logs", job, cwd=tmp_path).stdout == "hello job\n"
+    slow = keel("job", "run", "--", "sleep", "60", cwd=tmp_path).stdout.strip()
+    wait_for(tmp_path, slow, {"running"})
+    assert "cancel requested" in keel("job", "cancel", slow, cwd=tmp_path).stdout
+    assert wait_for(tmp_path, slow, {"cancelled"})["state"] == "cancelled"
+    cluster = json.loads(keel("cluster", "status", "--json", cwd=tmp_path).stdout)
+    assert cluster["jobs"] == {"succeeded": 1, "cancelled": 1}
+    assert cluster["clusters"][0]["name"] == "local"
+    keel("cluster", "stop", cwd=tmp_path)
+    assert (
+        json.loads(keel("cluster", "status", "--json", cwd=tmp_path).stdout)["controller"] is None
+    )
+
+
+def test_mistakes_are_one_line_and_exit_2(tmp_path):
+    cases = [
+        (["job", "run", "--device", "h100:8", "--", "true"], "no cluster has device type 'h100'"),
+        (["job", "run", "--cpus", "-2", "--", "true"], "resources must be positive"),
+        (["job", "run", "--", "no-such-program-here"], "not found"),
+        (["job", "run", "--priority", "urgent", "--", "true"], "unknown priority"),
+        (["job", "status", "j-424242"], "no job 'j-424242'"),
+        (["job", "cancel", "j-424242"], "no job 'j-424242'"),
+    ]
+    for args, message in cases:
+        result = keel(*args, cwd=tmp_path, check=False)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr and result.stderr.count("error:") == 1, result.stderr
+        assert "Traceback" not in result.stderr
