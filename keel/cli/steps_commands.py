@@ -231,7 +231,7 @@ def _report_to_telemetry(prefix: str, dry_run: bool) -> str | None:
         return None
     target = os.environ.get(TARGET_ENV)
     if target is None and paths.is_local(prefix):
-        target = str(paths.local_path(paths.join(prefix, "telemetry")))
+        target = str(paths.local_path(paths.join(prefix, "telemetry")).resolve())
         os.environ[TARGET_ENV] = target
     return target if target and "://" not in target else None
 

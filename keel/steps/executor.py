@@ -28,6 +28,7 @@ from enum import StrEnum
 
 from keel.core import paths
 from keel.core.errors import UsageError
+from keel.steps.context import running_step
 from keel.steps.lock import LockSettings, StepLock
 from keel.steps.record import Status, StepRecord, host_name, keel_version, utc_now
 from keel.steps.step import Step, all_steps, resolve_config
@@ -216,7 +217,8 @@ class _Runner:
         logger.info("%s: running -> %s", step.name, record.output)
         began = time.monotonic()
         try:
-            step.fn(resolve_config(step.config, self.store.prefix), staging)
+            with running_step(record.output):
+                step.fn(resolve_config(step.config, self.store.prefix), staging)
             lock.check_held()
             done = record.finished(Status.SUCCESS)
             self.store.commit(staging, done, step)

@@ -33,6 +33,7 @@ from keel.data.token_cache import TokenCache
 from keel.model.sharding import EXPERT_AXIS, expert_mesh
 from keel.model.size import flops_per_token
 from keel.model.transformer import init_params, init_router_bias, param_labels, param_specs
+from keel.steps.context import step_output
 from keel.telemetry.sink import TARGET_ENV, MetricsSink
 from keel.train.checkpoint import Checkpoints, TrainState
 from keel.train.config import Phase, TrainConfig
@@ -115,7 +116,9 @@ def train(
     result = TrainResult(output, config.total_steps, resumed_from)
     with (
         paths.open_file(metrics_path, "a") as metrics_file,
-        MetricsSink(config.telemetry or os.environ.get(TARGET_ENV, ""), run=output) as telemetry,
+        MetricsSink(
+            config.telemetry or os.environ.get(TARGET_ENV, ""), run=step_output() or output
+        ) as telemetry,
     ):
         for plan, step in _schedule(data.phases, int(state.step)):
             window = _place(plan.loader.batch(step - plan.start), mesh)

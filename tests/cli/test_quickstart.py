@@ -8,6 +8,7 @@ import pytest
 from conftest import KeelCli
 
 from keel.data.token_cache import TokenCache
+from keel.telemetry import TelemetryStore
 
 pytestmark = pytest.mark.timeout(900)  # the module's first quickstart also trains tiny-moe
 
@@ -125,3 +126,18 @@ def test_tiny_moe_learns_well_below_the_unigram_entropy(done):
     assert "bits/byte" in first.stdout
     metrics = Path(train["output"], "metrics.jsonl").read_text().splitlines()
     assert len(metrics) == 300
+
+
+def test_training_metrics_and_flow_counters_land_in_the_telemetry_store(done):
+    cli, first = done
+    train = _summary(cli.prefix)["train"]
+    store = TelemetryStore(cli.prefix / "telemetry")
+    losses = store.query(
+        f"SELECT step, value FROM \"train.metrics\" WHERE run = '{train['output']}' "
+        "AND name = 'loss' ORDER BY step"
+    )
+    assert losses.column("step").to_pylist() == list(range(1, 301))
+    assert losses.column("value").to_pylist()[-1] == pytest.approx(train["loss"])
+    stages = store.query('SELECT count(*) AS n, sum(rows_in) AS rows FROM "flow.stage"')
+    assert stages.column("n")[0].as_py() > 10 and stages.column("rows")[0].as_py() > 0
+    assert f"metric rows of this run in {cli.prefix / 'telemetry'}" in first.stdout
