@@ -4,6 +4,9 @@ A backend returns plain data and never touches the controller's database; the co
 the backend carries out. Every method may be called again after a controller restart with handles
 from a previous process, so a handle must be enough to find a task again (a directory, a Slurm job
 id, a Ray submission id), and `poll` must tell a finished task's outcome long after it ended.
+`launch` of an attempt the engine already has returns its handle (adoption after a restart). An
+engine that cannot be reached raises a KeelError from `poll` or `capacity`: the controller skips
+that cluster for the tick rather than calling its tasks lost.
 """
 
 from __future__ import annotations

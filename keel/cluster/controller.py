@@ -39,7 +39,7 @@ from keel.cluster.ledger import CapacityLedger
 from keel.cluster.logs import LogStreamer
 from keel.cluster.scheduler import ClusterView, PendingJob, RunningJob, schedule
 from keel.cluster.spec import JobSpec
-from keel.core.errors import UsageError
+from keel.core.errors import KeelError, UsageError
 
 logger = logging.getLogger(__name__)
 FINAL_ATTEMPT_STATES = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.LOST, TaskState.CANCELLED}
@@ -147,7 +147,11 @@ class Controller:
                 for row in rows:
                     self._end_attempt(row, TaskState.LOST, None, f"cluster {cluster} is gone")
                 continue
-            statuses = backend.poll([row["handle"] for row in rows])
+            try:
+                statuses = backend.poll([row["handle"] for row in rows])
+            except KeelError as error:  # the engine is unreachable: its tasks are not lost
+                logger.warning("cluster %s did not answer this tick: %s", cluster, error)
+                continue
             for row in rows:
                 status = statuses.get(row["handle"])
                 if status is None:
@@ -272,7 +276,11 @@ class Controller:
 
     def _report_capacity(self) -> None:
         for name, backend in self.backends.items():
-            capacity = backend.capacity()
+            try:
+                capacity = backend.capacity()
+            except KeelError as error:  # keep the last report; retry next time
+                logger.warning("cluster %s reported no capacity: %s", name, error)
+                continue
             self.ledger.report(name, capacity.free, self.ticks)
             self._totals[name] = dict(capacity.total)
             region = self.regions.get(name, capacity.region)
