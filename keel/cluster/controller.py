@@ -6,19 +6,19 @@
 
 One tick:
 1. reconcile: poll every active attempt on its backend; a gang whose replicas all succeeded
-   succeeds; a failed or lost replica stops the rest of its gang, then the job is retried (failures
-   up to max_retries, lost workers and preemptions up to max_preemptions) or fails with the reason;
-   a cancel request stops the gang and the job ends cancelled.
+   succeeds; a failed or lost replica stops the rest of its gang, then keel.cluster.outcome decides
+   (retry, requeue, fail with the reason); a cancel request stops the gang.
 2. capacity: every `report_every` ticks (and on the first tick after a start) each backend reports
    its free capacity into the reservation ledger (keel.cluster.ledger).
-3. schedule: keel.cluster.scheduler.schedule over pending jobs, running jobs and the ledger's view;
-   assignments are recorded (attempt rows first) and launched, preemptions cancelled, rejections
-   failed with their reason, waiting jobs keep theirs.
+3. schedule: keel.cluster.scheduler.schedule over pending jobs, running jobs and the ledger's view.
+   The round's attempts are recorded in one transaction before any backend is asked to launch
+   them; preemptions are cancelled, rejections failed with their reason.
 4. autoscale: backends with `scale_to` (the local pool) are sized to the work running and queued.
-5. logs: new lines of task stdout/stderr go to the telemetry namespace cluster.task_log when a
-   telemetry target is configured (the files stay either way).
+5. logs: new task output goes to the telemetry namespace cluster.task_log when configured.
 All state is in SQLite (keel.cluster.state), so a controller killed at any point resumes: it
-re-polls the attempts it had, adopts the ones still running and never launches one twice.
+re-polls the attempts it had, adopts the ones still running and never launches one twice. Job
+specs never change, so each is parsed once and kept with its demand (a tick over 10,000 queued
+jobs reads only their ids).
 """
 
 from __future__ import annotations
@@ -37,12 +37,23 @@ from keel.cluster import state
 from keel.cluster.backend import TaskBackend, TaskLaunch, TaskState
 from keel.cluster.ledger import CapacityLedger
 from keel.cluster.logs import LogStreamer
+from keel.cluster.outcome import gang_outcome, resolve
 from keel.cluster.scheduler import ClusterView, PendingJob, RunningJob, schedule
 from keel.cluster.spec import JobSpec
 from keel.core.errors import KeelError, UsageError
 
 logger = logging.getLogger(__name__)
 FINAL_ATTEMPT_STATES = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.LOST, TaskState.CANCELLED}
+ACTIVE = state.ACTIVE_ATTEMPT_STATES
+KEY = "job_id = ? AND replica = ? AND attempt = ?"
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What never changes about a job, parsed once: its spec and its place in the queue."""
+
+    spec: JobSpec
+    pending: PendingJob
 
 
 @dataclass
@@ -76,9 +87,14 @@ class Controller:
         self.database = state.connect(self.root / "state.db")
         self.ledger = CapacityLedger()
         self.ticks = int(state.get_value(self.database, "tick", "0"))
-        self._started_tick = self.ticks + 1
-        self._specs: dict[str, JobSpec] = {}
+        self._first_tick = self.ticks + 1
+        self._jobs: dict[str, JobInfo] = {}
+        self._seen_seq = -1  # jobs up to this submission number are in self._jobs
+        self._reasons: dict[str, str] = {}
         self._totals: dict[str, dict[str, float]] = {}
+        # Jobs that left a cluster since its last capacity report: their capacity is coming back
+        # (the scheduler counts it when planning preemptions, never when assigning).
+        self._leaving: dict[str, list[RunningJob]] = {name: [] for name in self.backends}
         self.logs = LogStreamer(self.database, self.backends, telemetry)
 
     # -- the tick ------------------------------------------------------------------------------
@@ -88,10 +104,19 @@ class Controller:
         self.ticks += 1
         report = TickReport(self.ticks)
         report.finished = self._reconcile()
-        if self.ticks == self._started_tick or self.ticks % self.report_every == 0:
+        if self.ticks == self._first_tick or self.ticks % self.report_every == 0:
             self._report_capacity()
-        self._schedule(report)
-        self._autoscale()
+        pending = [
+            row[0] for row in self.database.execute("SELECT id FROM jobs WHERE state = 'pending'")
+        ]
+        running = self.database.execute(
+            "SELECT id, cluster, state, outcome, cancel_requested FROM jobs "
+            "WHERE state IN ('running', 'preempted')"
+        ).fetchall()
+        self._load_new()
+        if pending:
+            self._schedule(pending, running, report)
+        self._autoscale(pending, running)
         self.logs.stream()
         state.set_value(self.database, "tick", str(self.ticks))
         report.seconds = time.perf_counter() - began
@@ -132,20 +157,16 @@ class Controller:
         by_cluster: dict[str, list[Any]] = {}
         for attempt in attempts:
             if attempt["handle"] is None:
-                # Recorded, then the controller died before the backend answered: launch it
-                # again (a backend adopts a task it already started), unless the job moved on.
-                owner = state.job(self.database, attempt["job_id"])
-                if owner["state"] == "running" and not owner["outcome"]:
-                    self._launch_attempt(attempt)
-                else:
-                    self._end_attempt(attempt, TaskState.CANCELLED, None, "not started")
-                continue
-            by_cluster.setdefault(attempt["cluster"], []).append(attempt)
+                self._relaunch(attempt)
+            else:
+                by_cluster.setdefault(attempt["cluster"], []).append(attempt)
+        changes = []
+        now = time.time()
         for cluster, rows in by_cluster.items():
             backend = self.backends.get(cluster)
             if backend is None:
-                for row in rows:
-                    self._end_attempt(row, TaskState.LOST, None, f"cluster {cluster} is gone")
+                reason = f"cluster {cluster} is not configured any more"
+                changes += [("lost", None, reason, now, *_key(row)) for row in rows]
                 continue
             try:
                 statuses = backend.poll([row["handle"] for row in rows])
@@ -154,119 +175,131 @@ class Controller:
                 continue
             for row in rows:
                 status = statuses.get(row["handle"])
-                if status is None:
+                if status is None or status.state.value == row["state"]:
                     continue
-                if status.state in FINAL_ATTEMPT_STATES:
-                    self._end_attempt(row, status.state, status.exit_code, status.reason)
-                elif status.state.value != row["state"]:
-                    self.database.execute(
-                        "UPDATE attempts SET state = ? "
-                        "WHERE job_id = ? AND replica = ? AND attempt = ?",
-                        (status.state.value, row["job_id"], row["replica"], row["attempt"]),
-                    )
-        finished = 0
-        for job in self.database.execute(
+                ended = now if status.state in FINAL_ATTEMPT_STATES else None
+                changes.append(
+                    (status.state.value, status.exit_code, status.reason, ended, *_key(row))
+                )
+        if changes:
+            with state.transaction(self.database):
+                self.database.executemany(
+                    "UPDATE attempts SET state = ?, exit_code = ?, reason = ?, ended_at = ? "
+                    f"WHERE {KEY}",
+                    changes,
+                )
+        changed = {change[4] for change in changes}
+        return self._reconcile_jobs(None if self.ticks == self._first_tick else changed)
+
+    def _reconcile_jobs(self, changed: set[str] | None) -> int:
+        """Move on the jobs that need it: those whose attempts changed this tick (all of them on
+        the first tick after a start), and those being stopped (an outcome, a cancel request, a
+        preemption)."""
+        jobs = self.database.execute(
             "SELECT * FROM jobs WHERE state IN ('running', 'preempted')"
-        ).fetchall():
-            finished += self._reconcile_job(job)
+            + (
+                ""
+                if changed is None
+                else " AND (outcome != '' OR cancel_requested = 1 OR state = 'preempted')"
+            )
+        ).fetchall()
+        if changed:
+            listed = sorted(changed)
+            for start in range(0, len(listed), 500):
+                batch = listed[start : start + 500]
+                jobs += self.database.execute(
+                    f"SELECT * FROM jobs WHERE id IN ({', '.join('?' * len(batch))}) "
+                    "AND state = 'running' AND outcome = '' AND cancel_requested = 0",
+                    batch,
+                ).fetchall()
+        if not jobs:
+            return 0
+        latest: dict[str, dict[int, dict]] = {}
+        ids = sorted({job["id"] for job in jobs})
+        rows = []
+        for start in range(0, len(ids), 500):
+            batch = ids[start : start + 500]
+            rows += self.database.execute(
+                "SELECT job_id, replica, attempt, state, reason, handle FROM attempts "
+                f"WHERE job_id IN ({', '.join('?' * len(batch))})",
+                batch,
+            ).fetchall()
+        for row in rows:
+            replicas = latest.setdefault(row["job_id"], {})
+            if (
+                row["replica"] not in replicas
+                or replicas[row["replica"]]["attempt"] < row["attempt"]
+            ):
+                replicas[row["replica"]] = dict(row)
+        self._load_new()
+        finished = 0
+        to_cancel: list[tuple[str, list[dict]]] = []
+        with state.transaction(self.database):
+            for job in jobs:
+                tasks = list(latest.get(job["id"], {}).values())
+                active = [t for t in tasks if t["state"] in ACTIVE]
+                outcome = job["outcome"]
+                if job["state"] == "running" and not outcome:
+                    if tasks and not active and all(t["state"] == "succeeded" for t in tasks):
+                        self._end(job, "succeeded", "")
+                        finished += 1
+                        continue
+                    outcome = gang_outcome(tasks, bool(job["cancel_requested"]))
+                    if outcome:
+                        self.database.execute(
+                            "UPDATE jobs SET outcome = ? WHERE id = ?", (outcome, job["id"])
+                        )
+                        to_cancel.append((job["cluster"], active))
+                if active:
+                    continue
+                if job["state"] == "preempted":
+                    outcome = outcome or "preempted: for production work"
+                if outcome:
+                    spec = self._jobs[job["id"]].spec
+                    result = resolve(outcome, spec, job["failures"], job["preemptions"])
+                    self._end(job, result.state, result.reason, result.failures, result.preemptions)
+                    finished += result.state != "pending"
+        for cluster, active in to_cancel:
+            self._cancel(cluster, active)
         return finished
 
-    def _end_attempt(
-        self, row: Any, outcome: TaskState, exit_code: int | None, reason: str
+    def _end(
+        self,
+        job: Any,
+        final: str,
+        reason: str,
+        failures: int | None = None,
+        preemptions: int | None = None,
     ) -> None:
+        """Move a job out of its cluster: to a final state, or back to the queue ("pending")."""
         self.database.execute(
-            "UPDATE attempts SET state = ?, exit_code = ?, reason = ?, ended_at = ? "
-            "WHERE job_id = ? AND replica = ? AND attempt = ?",
+            "UPDATE jobs SET state = ?, reason = ?, outcome = '', cluster = ?, ended_at = ?, "
+            "failures = ?, preemptions = ? WHERE id = ?",
             (
-                outcome.value,
-                exit_code,
+                final,
                 reason,
-                time.time(),
-                row["job_id"],
-                row["replica"],
-                row["attempt"],
+                job["cluster"] if final != "pending" else None,
+                time.time() if final != "pending" else None,
+                job["failures"] if failures is None else failures,
+                job["preemptions"] if preemptions is None else preemptions,
+                job["id"],
             ),
         )
-
-    def _reconcile_job(self, job: Any) -> int:
-        tasks = self.database.execute(
-            "SELECT * FROM tasks WHERE job_id = ? ORDER BY replica", (job["id"],)
-        ).fetchall()
-        active = [t for t in tasks if t["state"] in state.ACTIVE_ATTEMPT_STATES]
-        outcome = job["outcome"]
-        if job["state"] == "running" and not outcome:
-            broken = next((t for t in tasks if t["state"] in ("failed", "lost", "cancelled")), None)
-            if not active and broken is None:
-                self._finish(job, "succeeded", "")
-                return 1
-            if broken is not None:
-                kind = "lost" if broken["state"] in ("lost", "cancelled") else "failed"
-                outcome = (
-                    f"{kind}: replica {broken['replica']}: {broken['reason'] or broken['state']}"
+        state.event(self.database, job["id"], "requeued" if final == "pending" else final, reason)
+        info = self._jobs.get(job["id"])
+        if info is not None and job["cluster"] in self._leaving:
+            self._leaving[job["cluster"]].append(
+                RunningJob(
+                    job["id"],
+                    job["cluster"],
+                    info.spec.priority,
+                    info.pending.sequence,
+                    info.pending.demand,
+                    stopping=True,
                 )
-            elif job["cancel_requested"]:
-                outcome = "cancelled: on request"
-            if outcome:
-                self.database.execute(
-                    "UPDATE jobs SET outcome = ? WHERE id = ?", (outcome, job["id"])
-                )
-                self._cancel_attempts(job["cluster"], active)
-        if active:
-            return 0
-        if job["state"] == "preempted":
-            outcome = outcome or "preempted: for production work"
-        if not outcome:
-            return 0
-        return self._resolve(job, outcome)
+            )
 
-    def _resolve(self, job: Any, outcome: str) -> int:
-        """The gang has stopped: retry, requeue or end the job, by why it stopped."""
-        kind, _, reason = outcome.partition(": ")
-        spec = self._spec(job)
-        if kind == "cancelled":
-            self._finish(job, "cancelled", reason)
-            return 1
-        if kind == "refused":  # the engine cannot run it as asked: retrying cannot help
-            self._finish(job, "failed", reason)
-            return 1
-        if kind in ("preempted", "lost"):
-            count = job["preemptions"] + 1
-            if count > spec.max_preemptions:
-                self._finish(
-                    job,
-                    "failed",
-                    f"{kind} {count} times (max_preemptions {spec.max_preemptions}): {reason}",
-                    preemptions=count,
-                )
-                return 1
-            self._requeue(job, f"requeued after being {kind}: {reason}", preemptions=count)
-            return 0
-        count = job["failures"] + 1
-        if count > spec.max_retries:
-            self._finish(job, "failed", reason, failures=count)
-            return 1
-        self._requeue(job, f"retry {count} of {spec.max_retries} after: {reason}", failures=count)
-        return 0
-
-    def _finish(self, job: Any, final: str, reason: str, **counts: int) -> None:
-        columns = "".join(f", {name} = {int(value)}" for name, value in counts.items())
-        self.database.execute(
-            f"UPDATE jobs SET state = ?, reason = ?, outcome = '', ended_at = ?{columns} "
-            "WHERE id = ?",
-            (final, reason, time.time(), job["id"]),
-        )
-        state.event(self.database, job["id"], final, reason)
-
-    def _requeue(self, job: Any, reason: str, **counts: int) -> None:
-        columns = "".join(f", {name} = {int(value)}" for name, value in counts.items())
-        self.database.execute(
-            f"UPDATE jobs SET state = 'pending', cluster = NULL, reason = ?, outcome = ''{columns} "
-            "WHERE id = ?",
-            (reason, job["id"]),
-        )
-        state.event(self.database, job["id"], "requeued", reason)
-
-    def _cancel_attempts(self, cluster: str, attempts: list[Any]) -> None:
+    def _cancel(self, cluster: str, attempts: list) -> None:
         backend = self.backends.get(cluster)
         for attempt in attempts:
             if backend is not None and attempt["handle"] is not None:
@@ -282,209 +315,273 @@ class Controller:
                 logger.warning("cluster %s reported no capacity: %s", name, error)
                 continue
             self.ledger.report(name, capacity.free, self.ticks)
+            self._leaving[name] = []
             self._totals[name] = dict(capacity.total)
-            region = self.regions.get(name, capacity.region)
-            self.database.execute(
-                "INSERT INTO clusters "
-                "(name, backend, region, total, free, reported_at, reported_tick) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
-                "backend = excluded.backend, region = excluded.region, "
-                "total = excluded.total, free = excluded.free, "
-                "reported_at = excluded.reported_at, reported_tick = excluded.reported_tick",
-                (
-                    name,
-                    backend.name,
-                    region,
-                    orjson.dumps(dict(capacity.total)).decode(),
-                    orjson.dumps(dict(capacity.free)).decode(),
-                    time.time(),
-                    self.ticks,
-                ),
-            )
-            self.database.execute(
-                "DELETE FROM reservations WHERE cluster = ? AND tick < ?", (name, self.ticks)
-            )
+            with state.transaction(self.database):
+                self.database.execute(
+                    "INSERT INTO clusters "
+                    "(name, backend, region, total, free, reported_at, reported_tick) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+                    "backend = excluded.backend, region = excluded.region, "
+                    "total = excluded.total, free = excluded.free, "
+                    "reported_at = excluded.reported_at, reported_tick = excluded.reported_tick",
+                    (
+                        name,
+                        backend.name,
+                        self.regions.get(name, capacity.region),
+                        orjson.dumps(dict(capacity.total)).decode(),
+                        orjson.dumps(dict(capacity.free)).decode(),
+                        time.time(),
+                        self.ticks,
+                    ),
+                )
+                self.database.execute(
+                    "DELETE FROM reservations WHERE cluster = ? AND tick < ?", (name, self.ticks)
+                )
 
-    def _schedule(self, report: TickReport) -> None:
-        pending_rows = self.database.execute(
-            "SELECT id, seq, priority, spec, reason FROM jobs WHERE state = 'pending'"
-        ).fetchall()
-        if not pending_rows:
-            return
-        running_rows = self.database.execute(
-            "SELECT id, seq, priority, spec, cluster, state, outcome, cancel_requested FROM jobs "
-            "WHERE state IN ('running', 'preempted')"
-        ).fetchall()
-        pending = [
-            PendingJob(
-                r["id"],
-                self._spec(r).priority,
-                r["seq"],
-                self._spec(r).demand(),
-                self._spec(r).region,
+    def _load_new(self) -> None:
+        """Parse the specs of jobs submitted since the last call (at the first call: of every
+        job still active), so a tick never re-reads the specs of the whole queue."""
+        if self._seen_seq < 0:
+            with state.transaction(self.database):  # one snapshot for both reads
+                rows = self.database.execute(
+                    "SELECT id, seq, spec FROM jobs "
+                    "WHERE state IN ('pending', 'running', 'preempted')"
+                ).fetchall()
+                self._seen_seq = self.database.execute(
+                    "SELECT coalesce(max(seq), 0) FROM jobs"
+                ).fetchone()[0]
+        else:
+            rows = self.database.execute(
+                "SELECT id, seq, spec FROM jobs WHERE seq > ? ORDER BY seq", (self._seen_seq,)
+            ).fetchall()
+            if rows:
+                self._seen_seq = rows[-1]["seq"]
+        for row in rows:
+            spec = state.decode_spec(row["spec"])
+            job = PendingJob(row["id"], spec.priority, row["seq"], spec.demand(), spec.region)
+            self._jobs[row["id"]] = JobInfo(spec, job)
+
+    def _schedule(self, pending: list[str], running: list, report: TickReport) -> None:
+        stopping = [job for jobs in self._leaving.values() for job in jobs]
+        for row in running:
+            info = self._jobs[row["id"]]
+            leaving = row["state"] == "preempted" or bool(row["outcome"] or row["cancel_requested"])
+            stopping.append(
+                RunningJob(
+                    row["id"],
+                    row["cluster"],
+                    info.spec.priority,
+                    info.pending.sequence,
+                    info.pending.demand,
+                    leaving,
+                )
             )
-            for r in pending_rows
-        ]
-        running = [
-            RunningJob(
-                r["id"],
-                r["cluster"],
-                self._spec(r).priority,
-                r["seq"],
-                self._spec(r).demand(),
-                stopping=r["state"] == "preempted"
-                or bool(r["outcome"])
-                or bool(r["cancel_requested"]),
-            )
-            for r in running_rows
-        ]
         clusters = [
             ClusterView(
-                name, self._totals.get(name, {}), self.ledger.free(name), self._region(name)
+                name, self._totals.get(name, {}), self.ledger.free(name), self.regions.get(name, "")
             )
             for name in self.backends
         ]
-        decision = schedule(pending, running, clusters, self.home)
-        rows = {r["id"]: r for r in pending_rows}
-        for job_id, reason in decision.rejections.items():
-            self._finish(rows[job_id], "failed", f"rejected: {reason}")
-            report.rejected += 1
-        for job_id in decision.preemptions:
-            self.database.execute(
-                "UPDATE jobs SET state = 'preempted', outcome = 'preempted: for production work' "
-                "WHERE id = ?",
-                (job_id,),
-            )
-            state.event(self.database, job_id, "preempted")
-            running_job = self.database.execute(
-                "SELECT cluster FROM jobs WHERE id = ?", (job_id,)
-            ).fetchone()
-            active = self.database.execute(
-                "SELECT * FROM tasks WHERE job_id = ? "
-                "AND state IN ('launching', 'pending', 'running')",
-                (job_id,),
-            ).fetchall()
-            self._cancel_attempts(running_job["cluster"], active)
-            report.preempted += 1
-        for job_id, cluster in decision.assignments:
-            self._assign(rows[job_id], cluster)
-            report.launched += 1
-        for job_id, reason in decision.waiting.items():
-            if rows[job_id]["reason"] != reason:
-                self.database.execute("UPDATE jobs SET reason = ? WHERE id = ?", (reason, job_id))
-
-    def _assign(self, job: Any, cluster: str) -> None:
-        spec = self._spec(job)
+        jobs = self._jobs
+        decision = schedule([jobs[j].pending for j in pending], stopping, clusters, self.home)
+        clusters_of = {row["id"]: row["cluster"] for row in running}
+        cancels: list[tuple[str, list]] = []
         with state.transaction(self.database):
-            for replica in range(spec.replicas):
-                previous = self.database.execute(
-                    "SELECT coalesce(max(attempt), 0) FROM attempts "
-                    "WHERE job_id = ? AND replica = ?",
-                    (job["id"], replica),
-                ).fetchone()[0]
+            for job_id, reason in decision.rejections.items():
+                self._end(state.job(self.database, job_id), "failed", f"rejected: {reason}")
+                report.rejected += 1
+            for job_id in decision.preemptions:
                 self.database.execute(
-                    "INSERT INTO attempts (job_id, replica, attempt, cluster, state, started_at) "
-                    "VALUES (?, ?, ?, ?, 'launching', ?)",
-                    (job["id"], replica, previous + 1, cluster, time.time()),
+                    "UPDATE jobs SET state = 'preempted', outcome = 'preempted: for production "
+                    "work' WHERE id = ?",
+                    (job_id,),
                 )
-            self.database.execute(
-                "UPDATE jobs SET state = 'running', cluster = ?, reason = '', started_at = ? "
-                "WHERE id = ?",
-                (cluster, time.time(), job["id"]),
-            )
-            self.database.execute(
-                "INSERT OR REPLACE INTO reservations (job_id, cluster, demand, tick) "
-                "VALUES (?, ?, ?, ?)",
-                (job["id"], cluster, orjson.dumps(spec.demand()).decode(), self.ticks),
-            )
-            state.event(self.database, job["id"], "assigned", cluster)
-        self.ledger.reserve(job["id"], cluster, spec.demand(), self.ticks)
-        for attempt in self.database.execute(
-            "SELECT * FROM tasks WHERE job_id = ? ORDER BY replica", (job["id"],)
-        ).fetchall():
-            if not self._launch_attempt(attempt):
-                break
+                state.event(self.database, job_id, "preempted")
+                active = self.database.execute(
+                    "SELECT handle FROM attempts WHERE job_id = ? "
+                    "AND state IN ('launching', 'pending', 'running')",
+                    (job_id,),
+                ).fetchall()
+                cancels.append((clusters_of[job_id], active))
+                report.preempted += 1
+            launches = self._record_assignments(decision.assignments)
+            report.launched += len(decision.assignments)
+            changed = [
+                (reason, job_id)
+                for job_id, reason in decision.waiting.items()
+                if self._reasons.get(job_id) != reason
+            ]
+            self.database.executemany("UPDATE jobs SET reason = ? WHERE id = ?", changed)
+            self._reasons.update((job_id, reason) for reason, job_id in changed)
+        self._launch(launches)
+        for cluster, active in cancels:
+            self._cancel(cluster, active)
 
-    def _launch_attempt(self, attempt: Any) -> bool:
-        """Start (or adopt) a recorded attempt; on a refusal fail the whole job at once."""
-        job = state.job(self.database, attempt["job_id"])
-        spec = self._spec(job)
-        backend = self.backends.get(attempt["cluster"])
-        task = self._task(job, spec, attempt)
-        try:
-            if backend is None:
-                raise UsageError(f"cluster {attempt['cluster']} is not configured any more")
-            handle = backend.launch(task)
-        except Exception as error:  # recorded as the job's outcome; the tick goes on
-            logger.warning("launching %s failed: %s", task.task_id, error)
-            reason = f"could not start replica {attempt['replica']}: {error}"
-            self._end_attempt(attempt, TaskState.FAILED, None, reason)
+    def _record_assignments(self, assignments: list[tuple[str, str]]) -> list[tuple[Any, JobSpec]]:
+        """Write down the round's new attempts (state launching), reservations and job states,
+        in a few statements for the whole round; return the attempts to launch."""
+        if not assignments:
+            return []
+        previous: dict[tuple[str, int], int] = {}
+        job_ids = [job_id for job_id, _ in assignments]
+        for start in range(0, len(job_ids), 500):
+            batch = job_ids[start : start + 500]
+            for job_id, replica, attempt in self.database.execute(
+                "SELECT job_id, replica, max(attempt) FROM attempts "
+                f"WHERE job_id IN ({', '.join('?' * len(batch))}) GROUP BY job_id, replica",
+                batch,
+            ).fetchall():
+                previous[(job_id, replica)] = attempt
+        now = time.time()
+        attempts, launches = [], []
+        for job_id, cluster in assignments:
+            info = self._jobs[job_id]
+            for replica in range(info.spec.replicas):
+                number = previous.get((job_id, replica), 0) + 1
+                attempts.append((job_id, replica, number, cluster, now))
+                launches.append(
+                    (
+                        {
+                            "job_id": job_id,
+                            "replica": replica,
+                            "attempt": number,
+                            "cluster": cluster,
+                        },
+                        info.spec,
+                    )
+                )
+            self.ledger.reserve(job_id, cluster, info.pending.demand, self.ticks)
+            self._reasons.pop(job_id, None)
+        self.database.executemany(
+            "INSERT INTO attempts (job_id, replica, attempt, cluster, state, started_at) "
+            "VALUES (?, ?, ?, ?, 'launching', ?)",
+            attempts,
+        )
+        self.database.executemany(
+            "UPDATE jobs SET state = 'running', cluster = ?, reason = '', started_at = ? "
+            "WHERE id = ?",
+            [(cluster, now, job_id) for job_id, cluster in assignments],
+        )
+        self.database.executemany(
+            "INSERT OR REPLACE INTO reservations (job_id, cluster, demand, tick) "
+            "VALUES (?, ?, ?, ?)",
+            [
+                (
+                    job_id,
+                    cluster,
+                    orjson.dumps(dict(self._jobs[job_id].pending.demand)).decode(),
+                    self.ticks,
+                )
+                for job_id, cluster in assignments
+            ],
+        )
+        self.database.executemany(
+            "INSERT INTO events (at, job_id, kind, detail) VALUES (?, ?, 'assigned', ?)",
+            [(now, job_id, cluster) for job_id, cluster in assignments],
+        )
+        return launches
+
+    def _launch(self, attempts: list[tuple[Any, JobSpec]]) -> None:
+        """Ask the backends to start recorded attempts; record handles, or the refusal."""
+        started, failed = [], set()
+        for attempt, spec in attempts:
+            if attempt["job_id"] in failed:
+                continue
+            backend = self.backends.get(attempt["cluster"])
+            try:
+                if backend is None:
+                    raise UsageError(f"cluster {attempt['cluster']} is not configured any more")
+                handle = backend.launch(self._task(spec, attempt))
+            except Exception as error:  # recorded as the job's outcome; the tick goes on
+                logger.warning(
+                    "launching %s.%s failed: %s", attempt["job_id"], attempt["replica"], error
+                )
+                self._refuse(attempt, error)
+                failed.add(attempt["job_id"])
+                continue
+            started.append((handle, *_key(attempt)))
+        with state.transaction(self.database):
+            self.database.executemany(
+                f"UPDATE attempts SET handle = ?, state = 'running' WHERE {KEY}", started
+            )
+
+    def _refuse(self, attempt: Any, error: Exception) -> None:
+        reason = f"could not start replica {attempt['replica']}: {error}"
+        kind = "refused" if isinstance(error, UsageError) else "failed"
+        with state.transaction(self.database):
+            self.database.execute(
+                f"UPDATE attempts SET state = 'failed', reason = ?, ended_at = ? WHERE {KEY}",
+                (reason, time.time(), *_key(attempt)),
+            )
             self.database.execute(
                 "UPDATE attempts SET state = 'cancelled', ended_at = ?, "
                 "reason = 'not started: a replica failed to start' "
                 "WHERE job_id = ? AND state = 'launching' AND handle IS NULL",
-                (time.time(), job["id"]),
+                (time.time(), attempt["job_id"]),
             )
-            kind = "refused" if isinstance(error, UsageError) else "failed"
             self.database.execute(
-                "UPDATE jobs SET outcome = ? WHERE id = ?", (f"{kind}: {reason}", job["id"])
+                "UPDATE jobs SET outcome = ? WHERE id = ?", (f"{kind}: {reason}", attempt["job_id"])
             )
-            return False
-        self.database.execute(
-            "UPDATE attempts SET handle = ?, state = 'running' "
-            "WHERE job_id = ? AND replica = ? AND attempt = ?",
-            (handle, attempt["job_id"], attempt["replica"], attempt["attempt"]),
-        )
-        return True
 
-    def _task(self, job: Any, spec: JobSpec, attempt: Any) -> TaskLaunch:
-        task_id = f"{job['id']}.{attempt['replica']}"
+    def _relaunch(self, attempt: Any) -> None:
+        """An attempt recorded before a crash, whose launch was never confirmed: launch it again
+        (a backend adopts a task it already started), unless its job has moved on."""
+        job = state.job(self.database, attempt["job_id"])
+        if job["state"] == "running" and not job["outcome"]:
+            self._load_new()
+            self._launch([(attempt, self._jobs[job["id"]].spec)])
+            return
+        with state.transaction(self.database):
+            self.database.execute(
+                f"UPDATE attempts SET state = 'cancelled', reason = 'not started', ended_at = ? "
+                f"WHERE {KEY}",
+                (time.time(), *_key(attempt)),
+            )
+
+    def _task(self, spec: JobSpec, attempt: Any) -> TaskLaunch:
+        job_id, replica, number = _key(attempt)
         resources = spec.resources
         return TaskLaunch(
-            task_id=task_id,
-            attempt=attempt["attempt"],
+            task_id=f"{job_id}.{replica}",
+            attempt=number,
             command=spec.command,
             env={
                 **spec.env,
-                "KEEL_JOB_ID": job["id"],
-                "KEEL_REPLICA": str(attempt["replica"]),
+                "KEEL_JOB_ID": job_id,
+                "KEEL_REPLICA": str(replica),
                 "KEEL_REPLICAS": str(spec.replicas),
             },
             cpus=resources.cpus,
             memory_mb=resources.memory_mb,
             device_type=resources.device_type,
             device_count=resources.device_count,
-            log_dir=str(
-                self.root / "tasks" / job["id"] / str(attempt["replica"]) / str(attempt["attempt"])
-            ),
+            log_dir=str(self.root / "tasks" / job_id / str(replica) / str(number)),
             workdir=spec.workdir,
         )
 
-    def _autoscale(self) -> None:
+    def _autoscale(self, pending: list[str], running: list) -> None:
+        """Size each scale group (the local pool) to the cpus of its work and of the queue."""
+        queued: float | None = None
         for name, backend in self.backends.items():
             scale_to = getattr(backend, "scale_to", None)
             if scale_to is None:
                 continue
-            wanted = 0.0
-            for row in self.database.execute(
-                "SELECT id, spec, cluster, state FROM jobs "
-                "WHERE state IN ('pending', 'running', 'preempted')"
-            ):
-                if row["state"] == "pending" or row["cluster"] == name:
-                    wanted += self._spec(row).demand().get("cpu", 0.0)
-            before = self._totals.get(name, {}).get("cpu")
+            if queued is None:
+                queued = sum(self._jobs[j].pending.demand.get("cpu", 0.0) for j in pending)
+            wanted = queued + sum(
+                self._jobs[row["id"]].pending.demand.get("cpu", 0.0)
+                for row in running
+                if row["cluster"] == name
+            )
+            before = getattr(backend, "cpus", None)
             after = scale_to(wanted)
             if before is not None and after != before:
-                state.event(self.database, None, "scaled", f"{name}: {before:g} -> {after:g} cpus")
+                with state.transaction(self.database):
+                    state.event(
+                        self.database, None, "scaled", f"{name}: {before:g} -> {after:g} cpus"
+                    )
 
-    def _spec(self, row: Any) -> JobSpec:
-        """The job's spec, parsed once per controller (specs never change)."""
-        job_id = row["id"]
-        spec = self._specs.get(job_id)
-        if spec is None:
-            spec = state.decode_spec(row["spec"])
-            self._specs[job_id] = spec
-        return spec
 
-    def _region(self, name: str) -> str:
-        return self.regions.get(name, "")
+def _key(attempt: Any) -> tuple[str, int, int]:
+    return attempt["job_id"], attempt["replica"], attempt["attempt"]

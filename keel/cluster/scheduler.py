@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
+from operator import attrgetter
 
 from keel.cluster.spec import Priority
 
 EPSILON = 1e-9
+_queue_order = attrgetter("priority", "sequence")
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,11 @@ class PendingJob:
     sequence: int  # submission order
     demand: Mapping[str, float]  # the whole gang, per device type ("cpu" = cpus)
     region: str = ""
+
+    @cached_property
+    def shape(self) -> tuple:
+        """What placement depends on: jobs of one shape fit or do not fit alike."""
+        return tuple(sorted(self.demand.items())), self.region
 
 
 @dataclass(frozen=True)
@@ -79,10 +87,20 @@ def schedule(
         if job.priority == Priority.BATCH and not job.stopping and job.cluster in preemptible:
             preemptible[job.cluster].append(job)
 
-    for job in sorted(pending, key=lambda j: (j.priority, j.sequence)):
-        feasible, reason = _feasible(job, clusters)
+    # Within a round free capacity only shrinks and held clusters only grow, so a job shape
+    # (demand, region) that did not fit once does not fit again: decide it once per round.
+    shapes: dict[tuple, tuple[list[ClusterView], str]] = {}
+    blocked: dict[tuple, str] = {}
+    for job in sorted(pending, key=_queue_order):
+        shape = job.shape
+        if shape not in shapes:
+            shapes[shape] = _feasible(job, clusters)
+        feasible, reason = shapes[shape]
         if not feasible:
             decision.rejections[job.job_id] = reason
+            continue
+        if shape in blocked and job.priority != Priority.PRODUCTION:
+            decision.waiting[job.job_id] = blocked[shape]
             continue
         open_clusters = [c for c in feasible if c.name not in held]
         fitting = [c for c in open_clusters if _fits(job.demand, free[c.name])]
@@ -102,7 +120,8 @@ def schedule(
                 held.add(cluster)
                 decision.waiting[job.job_id] = f"preempting batch work on {cluster}"
                 continue
-        decision.waiting[job.job_id] = _waiting_reason(job, feasible, free, held)
+        blocked[shape] = _waiting_reason(job, feasible, free, held)
+        decision.waiting[job.job_id] = blocked[shape]
     return decision
 
 
