@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from keel.cli.output import fail, print_json, stderr, stdout, user_errors
+from keel.cluster.steps import ClusterSteps
 from keel.core import paths
 from keel.core.errors import UsageError
 from keel.flow.runner import BACKEND_ENV
@@ -25,6 +26,7 @@ from keel.steps import (
     plan,
     run,
 )
+from keel.steps.executor import Execute
 from keel.steps.record import git_commit
 from keel.telemetry import TelemetryStore
 from keel.telemetry.sink import TARGET_ENV
@@ -71,14 +73,35 @@ def run_command(
     backend: str | None = BACKEND,
     overrides: list[str] = SET,
     as_json: bool = JSON,
+    cluster: str | None = typer.Option(
+        None, "--cluster", help="Run each step as a job on this cluster (see `keel job`)."
+    ),
+    cluster_root: str = typer.Option(
+        "keel-out/cluster", "--cluster-root", help="The job controller's state directory."
+    ),
+    cluster_config: str | None = typer.Option(
+        None, "--cluster-config", help="clusters.yaml, if a controller must be started."
+    ),
 ) -> None:
     """Run the steps an experiment file declares; committed steps are reused, not re-run.
 
-    Example: keel run experiments/my_exp.py --prefix /data/keel --max-parallel 4 --set train.lr=3e-4
+    Examples:
+      keel run experiments/my_exp.py --prefix /data/keel --max-parallel 4 --set train.lr=3e-4
+      keel run experiments/my_exp.py --cluster local --max-parallel 2
     """
     _use_backend(backend)
     steps = override_steps(load_experiment(experiment), overrides)
-    _run_steps(steps, prefix, dry_run, force, max_parallel, as_json, experiment.parent)
+    execute = None
+    if cluster is not None:
+        execute = ClusterSteps(
+            experiment,
+            prefix,
+            overrides,
+            cluster=cluster,
+            root=Path(cluster_root),
+            config=cluster_config,
+        )
+    _run_steps(steps, prefix, dry_run, force, max_parallel, as_json, experiment.parent, execute)
 
 
 @user_errors
@@ -158,6 +181,7 @@ def _run_steps(
     max_parallel: int,
     as_json: bool,
     experiment_dir: Path,
+    execute: Execute | None = None,
 ) -> RunReport | None:
     all_steps(steps)  # computes every identity now: an unhashable config fails before any work
     if dry_run:
@@ -169,6 +193,7 @@ def _run_steps(
         force=force,
         max_parallel=max_parallel,
         git_commit=git_commit(experiment_dir),
+        execute=execute,
     )
     if as_json:
         print_json(report.summary())

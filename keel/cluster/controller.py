@@ -359,7 +359,9 @@ class Controller:
                 self._seen_seq = rows[-1]["seq"]
         for row in rows:
             spec = state.decode_spec(row["spec"])
-            job = PendingJob(row["id"], spec.priority, row["seq"], spec.demand(), spec.region)
+            job = PendingJob(
+                row["id"], spec.priority, row["seq"], spec.demand(), spec.region, spec.cluster
+            )
             self._jobs[row["id"]] = JobInfo(spec, job)
 
     def _schedule(self, pending: list[str], running: list, report: TickReport) -> None:

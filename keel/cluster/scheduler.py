@@ -32,11 +32,12 @@ class PendingJob:
     sequence: int  # submission order
     demand: Mapping[str, float]  # the whole gang, per device type ("cpu" = cpus)
     region: str = ""
+    cluster: str = ""  # "" = any; else only this cluster
 
     @cached_property
     def shape(self) -> tuple:
         """What placement depends on: jobs of one shape fit or do not fit alike."""
-        return tuple(sorted(self.demand.items())), self.region
+        return tuple(sorted(self.demand.items())), self.region, self.cluster
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,10 @@ def schedule(
 
 def _feasible(job: PendingJob, clusters: Sequence[ClusterView]) -> tuple[list[ClusterView], str]:
     """Clusters that could run the whole gang if empty, or the reason there are none."""
-    in_region = [c for c in clusters if not job.region or c.region == job.region]
+    named = [c for c in clusters if not job.cluster or c.name == job.cluster]
+    if not named:
+        return [], f"no cluster named {job.cluster!r}"
+    in_region = [c for c in named if not job.region or c.region == job.region]
     if not in_region:
         return [], f"no cluster in region {job.region!r}"
     for kind, amount in job.demand.items():

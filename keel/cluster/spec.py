@@ -57,6 +57,7 @@ class JobSpec:
     replicas: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
     region: str = ""  # "" = any region
+    cluster: str = ""  # "" = any cluster; else only the cluster of that name
     priority: Priority = Priority.BATCH
     max_retries: int = 0  # attempts after a failure
     max_preemptions: int = 10  # requeues after a preemption or a lost worker

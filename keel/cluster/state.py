@@ -129,6 +129,7 @@ def decode_spec(text: str) -> JobSpec:
         replicas=data["replicas"],
         env=data["env"],
         region=data["region"],
+        cluster=data.get("cluster", ""),
         priority=Priority.parse(data["priority"]),
         max_retries=data["max_retries"],
         max_preemptions=data["max_preemptions"],

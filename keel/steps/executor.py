@@ -21,10 +21,12 @@ import os
 import re
 import time
 import traceback
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
+from typing import Any
 
 from keel.core import paths
 from keel.core.errors import UsageError
@@ -35,6 +37,7 @@ from keel.steps.step import Step, all_steps, resolve_config
 from keel.steps.store import StepStore
 
 logger = logging.getLogger(__name__)
+Execute = Callable[[Step, Any, str], None]
 
 
 class Outcome(StrEnum):
@@ -106,14 +109,27 @@ def run(
     max_parallel: int = 1,
     lock_settings: LockSettings | None = None,
     git_commit: str | None = None,
+    execute: Execute | None = None,
 ) -> RunReport:
-    """Run `roots` and their dependencies under `prefix`; see the module docstring."""
+    """Run `roots` and their dependencies under `prefix`; see the module docstring.
+
+    `execute(step, config, staging)` runs one step's function with its resolved config into its
+    staging directory; by default in this process. keel/cluster passes one that runs it as a job
+    (locks, caching and the commit stay here either way)."""
     if max_parallel < 1:
         raise UsageError(f"--max-parallel must be at least 1, got {max_parallel}")
     runner = _Runner(
-        StepStore(prefix), _force_pattern(force), lock_settings or LockSettings(), git_commit
+        StepStore(prefix),
+        _force_pattern(force),
+        lock_settings or LockSettings(),
+        git_commit,
+        execute or _in_process,
     )
     return runner.run_all(all_steps(roots), max_parallel)
+
+
+def _in_process(step: Step, config: Any, staging: str) -> None:
+    step.fn(config, staging)
 
 
 def _force_pattern(force: str | None) -> re.Pattern[str] | None:
@@ -132,7 +148,9 @@ class _Runner:
         forced: re.Pattern[str] | None,
         lock_settings: LockSettings,
         git_commit: str | None,
+        execute: Execute,
     ) -> None:
+        self.execute = execute
         self.store = store
         self.forced = forced
         self.lock_settings = lock_settings
@@ -218,7 +236,7 @@ class _Runner:
         began = time.monotonic()
         try:
             with running_step(record.output):
-                step.fn(resolve_config(step.config, self.store.prefix), staging)
+                self.execute(step, resolve_config(step.config, self.store.prefix), staging)
             lock.check_held()
             done = record.finished(Status.SUCCESS)
             self.store.commit(staging, done, step)

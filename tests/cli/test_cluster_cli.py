@@ -2,6 +2,7 @@
 demand, jobs run, their output and state are there, mistakes are one line."""
 
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -69,3 +70,25 @@ def test_mistakes_are_one_line_and_exit_2(tmp_path):
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr and result.stderr.count("error:") == 1, result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_keel_run_on_a_cluster_runs_each_step_as_a_job(cli):
+    experiment = cli.experiment(value_a=2)
+    result = cli.run(
+        "run", str(experiment), "--prefix", str(cli.prefix), "--cluster", "local",
+        "--max-parallel", "2", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["executed"] == ["a", "b", "c", "d"]
+    assert int(next(cli.prefix.glob("d-*/value.txt")).read_text()) == 2 + 2 + 1 + 1 + 1 + 1 - 1
+    database = sqlite3.connect(cli.root / "keel-out" / "cluster" / "state.db")
+    jobs = database.execute("SELECT name, state FROM jobs ORDER BY seq").fetchall()
+    assert sorted(jobs) == [(f"step {s}", "succeeded") for s in "abcd"]
+    failing = cli.run(
+        "run", str(experiment), "--prefix", str(cli.prefix), "--cluster", "local",
+        "--set", "d.value=3", env={"KEEL_TEST_FAILING_STEP": "d"},
+    )  # fmt: skip
+    assert failing.returncode == 1
+    assert (
+        "job j-000005 on local failed" in failing.stderr and "exited with code 1" in failing.stderr
+    )

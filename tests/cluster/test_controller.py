@@ -16,6 +16,7 @@ from keel.cluster.local import LocalBackend
 from keel.cluster.spec import JobSpec, Priority, Resources
 from keel.cluster.state import job_status, submit
 from keel.core.errors import UsageError
+from keel.telemetry import TelemetryStore
 
 
 def controller(root: Path, cpus: float = 2) -> Controller:
@@ -146,3 +147,32 @@ def test_a_controller_killed_mid_run_loses_no_job_and_runs_none_twice(tmp_path):
     for line in lines:  # at most 2 cpus' worth of 1-cpu jobs at once, across both controllers
         running += line.startswith("start") - line.startswith("end")
         assert running <= 2
+
+
+def test_task_output_streams_to_telemetry_and_the_local_pool_follows_the_queue(tmp_path):
+    telemetry = tmp_path / "telemetry"
+    pool = LocalBackend(tmp_path / "tasks", max_cpus=2)
+    control = Controller(tmp_path, {"local": pool}, telemetry=str(telemetry))
+    job = submit(control.database, shell("echo one; echo two >&2; printf three"))
+    run_until(control, lambda: states(control, job) == ["succeeded"])
+    control.tick()  # the last lines of an ended attempt go out on the next tick
+    pair = [submit(control.database, shell("sleep 0.3")) for _ in range(2)]
+    run_until(control, lambda: states(control, *pair) == ["succeeded", "succeeded"])
+    control.logs.close()
+    lines = (
+        TelemetryStore(telemetry)
+        .query(
+            f"SELECT stream, line FROM \"cluster.task_log\" WHERE job_id = '{job}' ORDER BY line"
+        )
+        .to_pylist()
+    )
+    assert lines == [
+        {"stream": "stdout", "line": "one"},
+        {"stream": "stdout", "line": "three"},
+        {"stream": "stderr", "line": "two"},
+    ]
+    scaled = [
+        row[0]
+        for row in control.database.execute("SELECT detail FROM events WHERE kind = 'scaled'")
+    ]
+    assert "local: 2 -> 1 cpus" in scaled and "local: 1 -> 2 cpus" in scaled
