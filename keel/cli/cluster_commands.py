@@ -20,6 +20,7 @@ from rich.table import Table
 
 from keel.cli.output import print_json, stderr, stdout, user_errors
 from keel.cluster import daemon, state
+from keel.cluster.api import ControllerClient
 from keel.cluster.config import load_federation
 from keel.cluster.logs import follow_file
 from keel.cluster.spec import JobSpec, Priority, Resources, parse_device
@@ -32,8 +33,14 @@ cluster_app = typer.Typer(
 job_app = typer.Typer(
     name="job", help="Submit, inspect and cancel jobs on the controller.", no_args_is_help=True
 )
-ROOT = typer.Option(
-    DEFAULT_ROOT, "--root", "--controller", help="The controller's state directory."
+ROOT = typer.Option(DEFAULT_ROOT, "--root", help="The controller's state directory.")
+CONTROLLER = typer.Option(
+    None,
+    "--controller",
+    help="A controller's URL (`keel cluster start --port`), e.g. http://head:8471.",
+)
+TOKEN = typer.Option(
+    None, "--token", envvar="KEEL_CONTROLLER_TOKEN", help="The controller's token."
 )
 JSON = typer.Option(False, "--json", help="Print JSON on stdout.")
 
@@ -58,12 +65,15 @@ def start_command(
         None, "--config", help="clusters.yaml (default: one local cluster)."
     ),
     root: str = ROOT,
+    port: int | None = typer.Option(None, "--port", help="Also serve the HTTP API on this port."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address of the HTTP API."),
+    token: str | None = TOKEN,
 ) -> None:
     """Run the controller in the foreground until Ctrl-C, SIGTERM or `keel cluster stop`.
 
     Examples:
       keel cluster start
-      keel cluster start --config clusters.yaml --root /shared/keel-cluster
+      keel cluster start --config clusters.yaml --root /shared/keel-cluster --port 8471
     """
     load_federation(config)  # a bad config fails here, as one line
     running = daemon.running_controller(Path(root))
@@ -75,7 +85,7 @@ def start_command(
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     stderr.print(f"controller for {root} running; Ctrl-C to stop")
     try:
-        daemon.run(Path(root), config)
+        daemon.run(Path(root), config, serve=None if port is None else (host, port, token))
     except (KeyboardInterrupt, _Terminated):
         stderr.print("controller stopped")
     finally:
@@ -155,6 +165,8 @@ def run_command(
         None, "--config", help="clusters.yaml for an embedded controller."
     ),
     root: str = ROOT,
+    controller: str | None = CONTROLLER,
+    token: str | None = TOKEN,
 ) -> None:
     """Submit a command as a job; print its id. Everything after `--` is the command.
 
@@ -181,7 +193,10 @@ def run_command(
         priority=Priority.parse(priority),
         max_retries=retries,
         workdir=str(Path.cwd()),
-    ).validate()
+    ).validate(check_command=controller is None)
+    if controller is not None:
+        typer.echo(ControllerClient(controller, token).submit(spec))
+        return
     database = state.connect(Path(root) / "state.db")
     _check_known_devices(database, spec, config)
     job_id = state.submit(database, spec)
@@ -192,12 +207,18 @@ def run_command(
 
 @job_app.command("status")
 @user_errors
-def job_status_command(job_id: str, root: str = ROOT, as_json: bool = JSON) -> None:
+def job_status_command(
+    job_id: str,
+    root: str = ROOT,
+    controller: str | None = CONTROLLER,
+    token: str | None = TOKEN,
+    as_json: bool = JSON,
+) -> None:
     """A job's state (pending, running, succeeded, failed, cancelled, preempted) and tasks.
 
     Example: keel job status j-000001 --json
     """
-    status = state.job_status(state.connect(Path(root) / "state.db"), job_id)
+    status = _status(job_id, root, controller, token)
     if as_json:
         print_json(status)
         return
@@ -219,11 +240,16 @@ def logs_command(
     replica: int = typer.Option(0, "--replica", help="Which replica's output."),
     errors: bool = typer.Option(False, "--stderr", help="Its stderr instead of stdout."),
     root: str = ROOT,
+    controller: str | None = CONTROLLER,
+    token: str | None = TOKEN,
 ) -> None:
     """Print a job's output (its latest attempt); --follow waits for more until it ends.
 
     Example: keel job logs j-000001 --follow
     """
+    if controller is not None:
+        _remote_logs(ControllerClient(controller, token), job_id, replica, errors, follow)
+        return
     database = state.connect(Path(root) / "state.db")
     deadline = time.monotonic() + 30
     while True:
@@ -254,13 +280,42 @@ def logs_command(
 
 @job_app.command("cancel")
 @user_errors
-def cancel_command(job_id: str, root: str = ROOT) -> None:
+def cancel_command(
+    job_id: str,
+    root: str = ROOT,
+    controller: str | None = CONTROLLER,
+    token: str | None = TOKEN,
+) -> None:
     """Cancel a job: a pending one at once, a running one at the controller's next tick.
 
     Example: keel job cancel j-000001
     """
-    after = state.request_cancel(state.connect(Path(root) / "state.db"), job_id)
+    if controller is not None:
+        after = ControllerClient(controller, token).cancel(job_id)
+    else:
+        after = state.request_cancel(state.connect(Path(root) / "state.db"), job_id)
     stdout.print(f"{job_id}: {'cancelled' if after == 'cancelled' else 'cancel requested'}")
+
+
+def _status(job_id: str, root: str, controller: str | None, token: str | None) -> dict:
+    if controller is not None:
+        return ControllerClient(controller, token).status(job_id)
+    return state.job_status(state.connect(Path(root) / "state.db"), job_id)
+
+
+def _remote_logs(
+    client: ControllerClient, job_id: str, replica: int, errors: bool, follow: bool
+) -> None:
+    offset = 0
+    while True:
+        chunk = client.logs(job_id, replica, "stderr" if errors else "stdout", offset)
+        sys.stdout.write(chunk["text"])
+        sys.stdout.flush()
+        offset = chunk["offset"]
+        if chunk["done"] or (not follow and not chunk["text"]):
+            return
+        if not chunk["text"]:
+            time.sleep(0.5)
 
 
 def _check_known_devices(database: sqlite3.Connection, spec: JobSpec, config: str | None) -> None:

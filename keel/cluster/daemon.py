@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from keel.cluster.api import ControllerServer
 from keel.cluster.config import FederationConfig, load_federation, make_backend
 from keel.cluster.controller import Controller
 from keel.core import paths
@@ -52,10 +53,18 @@ def running_controller(root: Path) -> dict[str, Any] | None:
     return announcement
 
 
-def run(root: Path, config: str | None, *, stop_when_idle: float | None = None) -> None:
-    """Run a controller for `root` until stopped (or idle that long); announce it meanwhile."""
+def run(
+    root: Path,
+    config: str | None,
+    *,
+    stop_when_idle: float | None = None,
+    serve: tuple[str, int, str | None] | None = None,
+) -> None:
+    """Run a controller for `root` until stopped (or idle that long); announce it meanwhile.
+    `serve` = (host, port, token) also serves its HTTP API (keel.cluster.api)."""
     root.mkdir(parents=True, exist_ok=True)
     federation = load_federation(config)
+    server = ControllerServer(root.resolve(), *serve).start() if serve is not None else None
     controller = build_controller(root, federation)
     announcement = {
         "pid": os.getpid(),
@@ -63,11 +72,14 @@ def run(root: Path, config: str | None, *, stop_when_idle: float | None = None) 
         "config": config,
         "started": time.time(),
         "clusters": [c.name for c in federation.clusters],
+        "url": server.url if server is not None else None,
     }
     paths.write_text(root / ANNOUNCEMENT, orjson.dumps(announcement).decode())
     try:
         controller.run(tick_seconds=federation.tick_seconds, stop_when_idle=stop_when_idle)
     finally:
+        if server is not None:
+            server.stop()
         controller.logs.close()
         controller.close()
         current = running_controller(root)

@@ -92,3 +92,37 @@ def test_keel_run_on_a_cluster_runs_each_step_as_a_job(cli):
     assert (
         "job j-000005 on local failed" in failing.stderr and "exited with code 1" in failing.stderr
     )
+
+
+def test_job_commands_reach_a_controller_by_url(tmp_path):
+    root = tmp_path / "controller"
+    server = subprocess.Popen(
+        [*KEEL, "cluster", "start", "--root", str(root), "--port", "0"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        announcement = root / "controller.json"
+        deadline = time.monotonic() + 30
+        while not announcement.exists():
+            assert server.poll() is None and time.monotonic() < deadline, server.stderr.read()
+            time.sleep(0.1)
+        url = json.loads(announcement.read_text())["url"]
+        client = tmp_path / "elsewhere"  # no state here: everything goes through the URL
+        client.mkdir()
+        job = keel("job", "run", "--controller", url, "--", "sh", "-c", "echo remote", cwd=client)
+        job_id = job.stdout.strip()
+        deadline = time.monotonic() + 30
+        while True:
+            status = keel("job", "status", job_id, "--controller", url, "--json", cwd=client)
+            if json.loads(status.stdout)["state"] == "succeeded":
+                break
+            assert time.monotonic() < deadline, status.stdout
+            time.sleep(0.2)
+        logs = keel("job", "logs", job_id, "--controller", url, cwd=client)
+        assert logs.stdout == "remote\n"
+        missing = keel("job", "cancel", "j-999999", "--controller", url, cwd=client, check=False)
+        assert missing.returncode == 2 and "no job 'j-999999'" in missing.stderr
+        assert not (client / "keel-out").exists()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
