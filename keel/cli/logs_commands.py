@@ -19,11 +19,11 @@ from rich.table import Table
 
 from keel.cli.output import stdout, user_errors
 from keel.core.errors import UsageError
+from keel.telemetry import wire
 from keel.telemetry.client import HttpTelemetry, Telemetry, poll_rows
 from keel.telemetry.schema import TelemetryInputError
 from keel.telemetry.server import TelemetryServer
 from keel.telemetry.store import StoreOptions, TelemetryStore
-from keel.telemetry.wire import json_default
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ def tail_command(
         try:
             for row in _follow(telemetry, namespace, lines):
                 if as_json:
-                    typer.echo(orjson.dumps(row, default=json_default).decode())
+                    typer.echo(orjson.dumps(row, default=wire.json_default).decode())
                 else:
                     stdout.print(escape(_row_line(row)), highlight=False)
         except KeyboardInterrupt:
@@ -250,26 +250,12 @@ def read_rows(file: Path) -> pa.Table | list[dict[str, Any]]:
             return pq.read_table(file)
         except (pa.ArrowInvalid, OSError) as error:
             raise TelemetryInputError(f"{file}: not a readable Parquet file: {error}") from None
-    if suffix == ".jsonl":
-        rows = []
-        with file.open("rb") as lines:
-            for number, line in enumerate(lines, 1):
-                if line.strip():
-                    try:
-                        rows.append(orjson.loads(line))
-                    except orjson.JSONDecodeError as error:
-                        raise TelemetryInputError(f"{file}:{number}: not JSON: {error}") from None
-        return rows
-    if suffix == ".json":
+    if suffix in (".jsonl", ".json"):
         try:
-            data = orjson.loads(file.read_bytes())
-        except orjson.JSONDecodeError as error:
-            raise TelemetryInputError(f"{file}: not JSON: {error}") from None
-        if isinstance(data, dict) and isinstance(data.get("rows"), list):
-            return data["rows"]
-        if isinstance(data, list):
-            return data
-        raise TelemetryInputError(f'{file}: expected a list of row objects or {{"rows": [...]}}')
+            kind = wire.NDJSON if suffix == ".jsonl" else wire.JSON
+            return wire.decode_rows(kind, file.read_bytes())
+        except TelemetryInputError as error:
+            raise TelemetryInputError(f"{file}: {error}") from None
     raise UsageError(f"{file}: expected a .parquet, .jsonl or .json file")
 
 
@@ -286,7 +272,7 @@ def _follow(telemetry: Telemetry, namespace: str, lines: int) -> Iterator[dict[s
 def _show(result: pa.Table | list[dict[str, Any]], as_json: bool) -> None:
     """Rows as one JSON list of objects (keys in column order) or as a table."""
     if as_json:
-        typer.echo(orjson.dumps(result, default=json_default).decode())
+        typer.echo(orjson.dumps(result, default=wire.json_default).decode())
         return
     assert isinstance(result, pa.Table)
     table = Table(*result.column_names, show_lines=False)

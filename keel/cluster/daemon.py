@@ -25,6 +25,7 @@ from keel.cluster.api import ControllerServer
 from keel.cluster.config import FederationConfig, load_federation, make_backend
 from keel.cluster.controller import Controller
 from keel.core import paths
+from keel.core.process import process_alive
 
 logger = logging.getLogger(__name__)
 ANNOUNCEMENT = "controller.json"
@@ -48,7 +49,7 @@ def running_controller(root: Path) -> dict[str, Any] | None:
         announcement = orjson.loads((root / ANNOUNCEMENT).read_bytes())
     except (FileNotFoundError, orjson.JSONDecodeError):
         return None
-    if announcement.get("host") != socket.gethostname() or not _alive(announcement["pid"]):
+    if announcement.get("host") != socket.gethostname() or not process_alive(announcement["pid"]):
         return None
     return announcement
 
@@ -109,16 +110,6 @@ def start_embedded(root: Path, config: str | None) -> int:
             )
         time.sleep(0.05)
     return process.pid
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 if __name__ == "__main__":

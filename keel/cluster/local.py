@@ -23,6 +23,7 @@ from pathlib import Path
 
 from keel.cluster.backend import Capacity, TaskLaunch, TaskState, TaskStatus
 from keel.core.errors import UsageError
+from keel.core.process import process_alive, process_start
 
 CANCEL_GRACE_SECONDS = 5.0
 
@@ -82,7 +83,7 @@ class LocalBackend:
                 env=env,
                 start_new_session=True,
             )
-        (directory / "pid").write_text(f"{child.pid} {_start_time(child.pid)} {task.cpus}\n")
+        (directory / "pid").write_text(f"{child.pid} {process_start(child.pid)} {task.cpus}\n")
         self._children[handle] = child
         self._used[handle] = task.cpus
         return handle
@@ -160,26 +161,14 @@ class LocalBackend:
             pid_text, started, _ = (directory / "pid").read_text().split()
         except (FileNotFoundError, ValueError):
             return False
-        pid = int(pid_text)
         child = self._children.get(str(directory))
         if child is not None and child.poll() is not None:
             return False
-        return _start_time(pid) == started
+        return process_alive(int(pid_text), None if started == "None" else int(started))
 
     def _forget(self, handle: str) -> None:
         self._children.pop(handle, None)
         self._used.pop(handle, None)
-
-
-def _start_time(pid: int) -> str:
-    """The kernel's start time of `pid` (clock ticks since boot); "" if gone or a zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return ""
-    if fields[0] == "Z":
-        return ""
-    return fields[19]
 
 
 def _signal_group(pid: int, number: int) -> None:

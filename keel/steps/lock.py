@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 
 from keel.core import paths
 from keel.core.errors import LockLostError
+from keel.core.process import process_alive, process_start
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class LockInfo:
     heartbeat: float
 
     def is_stale(self, settings: LockSettings, now: float | None = None) -> bool:
-        if self.host == socket.gethostname() and not _process_alive(self.pid, self.pid_start):
+        if self.host == socket.gethostname() and not process_alive(self.pid, self.pid_start):
             return True
         return (time.time() if now is None else now) - self.heartbeat > settings.stale_after
 
@@ -114,7 +115,7 @@ class StepLock:
 
     def _info(self) -> LockInfo:
         pid = os.getpid()
-        return LockInfo(self.owner, socket.gethostname(), pid, _process_start(pid), time.time())
+        return LockInfo(self.owner, socket.gethostname(), pid, process_start(pid), time.time())
 
     def _content(self) -> str:
         return json.dumps(asdict(self._info()))
@@ -197,33 +198,3 @@ def _remove(path: str) -> None:
     fs, fs_path = paths.filesystem(path)
     with contextlib.suppress(FileNotFoundError):
         fs.rm_file(fs_path)
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name (Linux), or None where unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            return handle.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _process_start(pid: int) -> int | None:
-    """The start time of a process in clock ticks since boot, to tell a reused pid apart."""
-    fields = _proc_stat(pid)
-    return None if fields is None else int(fields[19])  # field 22 of stat(5)
-
-
-def _process_alive(pid: int, pid_start: int | None) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    fields = _proc_stat(pid)
-    if fields is None:
-        return True  # no /proc (not Linux): the heartbeat decides
-    if fields[0] in {"Z", "X"}:
-        return False  # a zombie has exited; only its parent has not collected it yet
-    return pid_start is None or int(fields[19]) == pid_start

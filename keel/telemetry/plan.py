@@ -357,18 +357,15 @@ def _sum_counts_node(connection: duckdb.DuckDBPyConnection) -> dict[str, Any]:
 def _replace_counts(node: Any, total: dict[str, Any]) -> None:
     """Replace every count(*) in the tree by sum(__keel_count), keeping its output name."""
     if isinstance(node, dict):
-        for key, value in node.items():
-            if isinstance(value, dict) and _is_count_star(value):
-                replacement = copy.deepcopy(total)
-                replacement["alias"] = value.get("alias") or "count_star()"
-                node[key] = replacement
-            else:
-                _replace_counts(value, total)
+        slots = list(node.items())
     elif isinstance(node, list):
-        for position, value in enumerate(node):
-            if isinstance(value, dict) and _is_count_star(value):
-                replacement = copy.deepcopy(total)
-                replacement["alias"] = value.get("alias") or "count_star()"
-                node[position] = replacement
-            else:
-                _replace_counts(value, total)
+        slots = list(enumerate(node))
+    else:
+        return
+    for slot, value in slots:
+        if isinstance(value, dict) and _is_count_star(value):
+            replacement = copy.deepcopy(total)
+            replacement["alias"] = value.get("alias") or "count_star()"
+            node[slot] = replacement
+        else:
+            _replace_counts(value, total)
