@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 class TaskState(enum.StrEnum):
@@ -88,3 +88,12 @@ class TaskBackend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ScaleGroup(Protocol):
+    """A backend whose capacity the controller may size (the local pool; a cloud node group)."""
+
+    def scale_to(self, cpus: float) -> float:
+        """Offer about `cpus` (clamped to the group's limits); return what is offered now."""
+        ...

@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from keel.cluster import state
-from keel.cluster.backend import TaskBackend, TaskLaunch, TaskState
+from keel.cluster.backend import ScaleGroup, TaskBackend, TaskLaunch, TaskState
 from keel.cluster.ledger import CapacityLedger
 from keel.cluster.logs import LogStreamer
 from keel.cluster.outcome import gang_outcome, resolve
@@ -480,7 +480,10 @@ class Controller:
         )
         self.database.executemany(
             "INSERT INTO events (at, job_id, kind, detail) VALUES (?, ?, 'assigned', ?)",
-            [(now, job_id, cluster) for job_id, cluster in assignments],
+            [
+                (now, job_id, cluster if cluster == self.home else f"{cluster} (routed to a peer)")
+                for job_id, cluster in assignments
+            ],
         )
         return launches
 
@@ -566,8 +569,7 @@ class Controller:
         """Size each scale group (the local pool) to the cpus of its work and of the queue."""
         queued: float | None = None
         for name, backend in self.backends.items():
-            scale_to = getattr(backend, "scale_to", None)
-            if scale_to is None:
+            if not isinstance(backend, ScaleGroup):
                 continue
             if queued is None:
                 queued = sum(self._jobs[j].pending.demand.get("cpu", 0.0) for j in pending)
@@ -577,7 +579,7 @@ class Controller:
                 if row["cluster"] == name
             )
             before = getattr(backend, "cpus", None)
-            after = scale_to(wanted)
+            after = backend.scale_to(wanted)
             if before is not None and after != before:
                 with state.transaction(self.database):
                     state.event(
