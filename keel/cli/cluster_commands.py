@@ -23,7 +23,13 @@ from keel.cluster import daemon, state
 from keel.cluster.api import ControllerClient
 from keel.cluster.config import load_federation
 from keel.cluster.logs import follow_file
-from keel.cluster.spec import JobSpec, Priority, Resources, parse_device
+from keel.cluster.spec import (
+    JobSpec,
+    Priority,
+    Resources,
+    entry_point_command,
+    parse_device,
+)
 from keel.core.errors import UsageError
 
 DEFAULT_ROOT = "keel-out/cluster"
@@ -161,6 +167,9 @@ def run_command(
     retries: int = typer.Option(0, "--retries", help="Attempts after a failure."),
     name: str = typer.Option("", "--name", help="A label for the job."),
     env: list[str] = typer.Option([], "--env", help="KEY=VALUE for the command (repeatable)."),
+    entry: str | None = typer.Option(
+        None, "--entry", help="Run a Python entry point: pkg.module or pkg.module:function."
+    ),
     config: str | None = typer.Option(
         None, "--config", help="clusters.yaml for an embedded controller."
     ),
@@ -172,10 +181,13 @@ def run_command(
 
     Examples:
       keel job run -- python train.py --steps 100
+      keel job run --entry mypackage.train:main
       keel job run --cpus 4 --replicas 2 --priority production -- ./eval.sh
       keel job run --device h100:8 --region us -- python -m keel train run.yaml
     """
     command = tuple(context.args)
+    if entry is not None:
+        command = entry_point_command(entry, command)
     device_type, device_count = parse_device(device) if device else ("cpu", 0)
     variables = {}
     for item in env:

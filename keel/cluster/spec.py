@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import os
 import shutil
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -106,3 +107,19 @@ def _command_exists(program: str, workdir: str) -> bool:
     if os.sep in program:
         return os.path.exists(os.path.join(workdir or os.getcwd(), program))
     return shutil.which(program) is not None
+
+
+def entry_point_command(entry: str, arguments: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The command that runs a Python entry point: 'pkg.module' (as `python -m`) or
+    'pkg.module:function' (imported and called with no arguments), with this interpreter."""
+    module, _, function = entry.partition(":")
+    names = [*module.split("."), *([function] if function else [])]
+    if not module or not all(name.isidentifier() for name in names):
+        raise UsageError(f"entry point {entry!r}: write package.module or package.module:function")
+    if not function:
+        return (sys.executable, "-m", module, *arguments)
+    if arguments:
+        raise UsageError(
+            f"entry point {entry!r} takes no arguments: use package.module to pass them"
+        )
+    return (sys.executable, "-c", f"import {module}; {module}.{function}()")

@@ -62,6 +62,7 @@ def test_mistakes_are_one_line_and_exit_2(tmp_path):
         (["job", "run", "--cpus", "-2", "--", "true"], "resources must be positive"),
         (["job", "run", "--", "no-such-program-here"], "not found"),
         (["job", "run", "--priority", "urgent", "--", "true"], "unknown priority"),
+        (["job", "run", "--entry", "not a module!"], "write package.module"),
         (["job", "status", "j-424242"], "no job 'j-424242'"),
         (["job", "cancel", "j-424242"], "no job 'j-424242'"),
     ]

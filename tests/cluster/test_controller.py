@@ -13,7 +13,7 @@ import pytest
 
 from keel.cluster.controller import Controller
 from keel.cluster.local import LocalBackend
-from keel.cluster.spec import JobSpec, Priority, Resources
+from keel.cluster.spec import JobSpec, Priority, Resources, entry_point_command
 from keel.cluster.state import job_status, submit
 from keel.core.errors import UsageError
 from keel.telemetry import TelemetryStore
@@ -48,9 +48,10 @@ def test_jobs_succeed_fail_and_retry_with_their_reason(tmp_path):
         shell(f"test -e {tmp_path}/again || (touch {tmp_path}/again; exit 3)", max_retries=1),
     )
     broken = submit(control.database, shell("exit 4", max_retries=1))
-    jobs = (ok, gang, flaky, broken)
+    python = submit(control.database, JobSpec(entry_point_command("this")))
+    jobs = (ok, gang, flaky, broken, python)
     run_until(control, lambda: all(s in ("succeeded", "failed") for s in states(control, *jobs)))
-    assert states(control, *jobs) == ["succeeded", "succeeded", "succeeded", "failed"]
+    assert states(control, *jobs) == ["succeeded", "succeeded", "succeeded", "failed", "succeeded"]
     status = job_status(control.database, broken)
     assert status["failures"] == 2 and status["reason"] == "replica 0: exited with code 4"
     assert job_status(control.database, flaky)["failures"] == 1
@@ -59,6 +60,8 @@ def test_jobs_succeed_fail_and_retry_with_their_reason(tmp_path):
         for task in job_status(control.database, gang)["tasks"]
     )
     assert outputs == ["replica 0\n", "replica 1\n"]
+    zen = job_status(control.database, python)["tasks"][0]["handle"]
+    assert "Beautiful is better than ugly." in Path(zen, "stdout").read_text()
 
 
 def test_a_gang_that_cannot_fit_any_cluster_is_rejected_and_bad_specs_are_refused(tmp_path):
