@@ -80,6 +80,7 @@ class Controller:
         telemetry: str = "",
     ) -> None:
         self.root = Path(root).resolve()
+        self._tasks_root = str(self.root / "tasks")
         self.backends = dict(backends)
         self.regions = dict(regions or {})
         self.report_every = max(1, report_every)
@@ -89,6 +90,9 @@ class Controller:
         self.ticks = int(state.get_value(self.database, "tick", "0"))
         self._first_tick = self.ticks + 1
         self._jobs: dict[str, JobInfo] = {}
+        self._queued: dict[str, PendingJob] = {}  # the same jobs as the scheduler sees them
+        self._ends: list[tuple] = []  # job transitions and events of the current transaction
+        self._events: list[tuple] = []
         self._seen_seq = -1  # jobs up to this submission number are in self._jobs
         self._reasons: dict[str, str] = {}
         self._totals: dict[str, dict[str, float]] = {}
@@ -230,7 +234,7 @@ class Controller:
                 row["replica"] not in replicas
                 or replicas[row["replica"]]["attempt"] < row["attempt"]
             ):
-                replicas[row["replica"]] = dict(row)
+                replicas[row["replica"]] = row
         self._load_new()
         finished = 0
         to_cancel: list[tuple[str, list[dict]]] = []
@@ -259,6 +263,7 @@ class Controller:
                     result = resolve(outcome, spec, job["failures"], job["preemptions"])
                     self._end(job, result.state, result.reason, result.failures, result.preemptions)
                     finished += result.state != "pending"
+            self._write_ends()
         for cluster, active in to_cancel:
             self._cancel(cluster, active)
         return finished
@@ -271,21 +276,21 @@ class Controller:
         failures: int | None = None,
         preemptions: int | None = None,
     ) -> None:
-        """Move a job out of its cluster: to a final state, or back to the queue ("pending")."""
-        self.database.execute(
-            "UPDATE jobs SET state = ?, reason = ?, outcome = '', cluster = ?, ended_at = ?, "
-            "failures = ?, preemptions = ? WHERE id = ?",
+        """Move a job out of its cluster: to a final state, or back to the queue ("pending").
+        Written by `_write_ends`, batched, inside the caller's transaction."""
+        now = time.time()
+        self._ends.append(
             (
                 final,
                 reason,
                 job["cluster"] if final != "pending" else None,
-                time.time() if final != "pending" else None,
+                now if final != "pending" else None,
                 job["failures"] if failures is None else failures,
                 job["preemptions"] if preemptions is None else preemptions,
                 job["id"],
-            ),
+            )
         )
-        state.event(self.database, job["id"], "requeued" if final == "pending" else final, reason)
+        self._events.append((now, job["id"], "requeued" if final == "pending" else final, reason))
         info = self._jobs.get(job["id"])
         if info is not None and job["cluster"] in self._leaving:
             self._leaving[job["cluster"]].append(
@@ -298,6 +303,17 @@ class Controller:
                     stopping=True,
                 )
             )
+
+    def _write_ends(self) -> None:
+        self.database.executemany(
+            "UPDATE jobs SET state = ?, reason = ?, outcome = '', cluster = ?, ended_at = ?, "
+            "failures = ?, preemptions = ? WHERE id = ?",
+            self._ends,
+        )
+        self.database.executemany(
+            "INSERT INTO events (at, job_id, kind, detail) VALUES (?, ?, ?, ?)", self._events
+        )
+        self._ends, self._events = [], []
 
     def _cancel(self, cluster: str, attempts: list) -> None:
         backend = self.backends.get(cluster)
@@ -363,6 +379,7 @@ class Controller:
                 row["id"], spec.priority, row["seq"], spec.demand(), spec.region, spec.cluster
             )
             self._jobs[row["id"]] = JobInfo(spec, job)
+            self._queued[row["id"]] = job
 
     def _schedule(self, pending: list[str], running: list, report: TickReport) -> None:
         stopping = [job for jobs in self._leaving.values() for job in jobs]
@@ -385,8 +402,8 @@ class Controller:
             )
             for name in self.backends
         ]
-        jobs = self._jobs
-        decision = schedule([jobs[j].pending for j in pending], stopping, clusters, self.home)
+        queue = list(map(self._queued.__getitem__, pending))
+        decision = schedule(queue, stopping, clusters, self.home, in_order=True)
         clusters_of = {row["id"]: row["cluster"] for row in running}
         cancels: list[tuple[str, list]] = []
         with state.transaction(self.database):
@@ -409,13 +426,12 @@ class Controller:
                 report.preempted += 1
             launches = self._record_assignments(decision.assignments)
             report.launched += len(decision.assignments)
-            changed = [
-                (reason, job_id)
-                for job_id, reason in decision.waiting.items()
-                if self._reasons.get(job_id) != reason
-            ]
-            self.database.executemany("UPDATE jobs SET reason = ? WHERE id = ?", changed)
-            self._reasons.update((job_id, reason) for reason, job_id in changed)
+            changed = decision.waiting.items() - self._reasons.items()  # set difference, in C
+            self.database.executemany(
+                "UPDATE jobs SET reason = ? WHERE id = ?", [(r, j) for j, r in changed]
+            )
+            self._reasons.update(changed)
+            self._write_ends()
         self._launch(launches)
         for cluster, active in cancels:
             self._cancel(cluster, active)
@@ -561,7 +577,7 @@ class Controller:
             memory_mb=resources.memory_mb,
             device_type=resources.device_type,
             device_count=resources.device_count,
-            log_dir=str(self.root / "tasks" / job_id / str(replica) / str(number)),
+            log_dir=f"{self._tasks_root}/{job_id}/{replica}/{number}",
             workdir=spec.workdir,
         )
 

@@ -74,8 +74,11 @@ def schedule(
     running: Sequence[RunningJob],
     clusters: Sequence[ClusterView],
     home: str | None = None,
+    *,
+    in_order: bool = False,
 ) -> Decision:
-    """Decide this round's assignments, preemptions and rejections (see the module docstring)."""
+    """Decide this round's assignments, preemptions and rejections (see the module docstring).
+    `in_order`: `pending` is already sorted by (priority, sequence)."""
     decision = Decision()
     free = {c.name: dict(c.free) for c in clusters}
     held: set[str] = set()  # clusters held for a blocked production job this round
@@ -92,16 +95,17 @@ def schedule(
     # (demand, region) that did not fit once does not fit again: decide it once per round.
     shapes: dict[tuple, tuple[list[ClusterView], str]] = {}
     blocked: dict[tuple, str] = {}
-    for job in sorted(pending, key=_queue_order):
+    production = Priority.PRODUCTION
+    for job in pending if in_order else sorted(pending, key=_queue_order):
         shape = job.shape
+        if shape in blocked and job.priority != production:
+            decision.waiting[job.job_id] = blocked[shape]
+            continue
         if shape not in shapes:
             shapes[shape] = _feasible(job, clusters)
         feasible, reason = shapes[shape]
         if not feasible:
             decision.rejections[job.job_id] = reason
-            continue
-        if shape in blocked and job.priority != Priority.PRODUCTION:
-            decision.waiting[job.job_id] = blocked[shape]
             continue
         open_clusters = [c for c in feasible if c.name not in held]
         fitting = [c for c in open_clusters if _fits(job.demand, free[c.name])]

@@ -42,7 +42,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     started_at REAL,
     ended_at REAL
 );
-CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority, seq);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, priority, seq, id);
 CREATE TABLE IF NOT EXISTS attempts (
     job_id TEXT NOT NULL,
     replica INTEGER NOT NULL,
@@ -57,6 +57,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     log_offsets TEXT NOT NULL DEFAULT '[0, 0]',
     PRIMARY KEY (job_id, replica, attempt)
 );
+CREATE INDEX IF NOT EXISTS attempts_by_state ON attempts (state);
 CREATE VIEW IF NOT EXISTS tasks AS
     SELECT a.* FROM attempts a
     WHERE a.attempt = (SELECT max(b.attempt) FROM attempts b
@@ -97,6 +98,7 @@ def connect(path: str | Path) -> sqlite3.Connection:
     database.row_factory = sqlite3.Row
     database.execute("PRAGMA journal_mode=WAL")
     database.execute("PRAGMA synchronous=NORMAL")
+    database.execute("PRAGMA cache_size=-65536")  # 64 MiB: the controller rereads its queue
     database.executescript(SCHEMA)
     return database
 
