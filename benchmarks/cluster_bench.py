@@ -2,6 +2,7 @@
 
 What it measures: how fast N trivial jobs (`true`) go from "submit" to "all finished", through
 - keel-local: keel/cluster/local.py's LocalBackend (subprocesses of this machine);
+- keel-controller: the same through the controller: jobs queued in SQLite, ticks until done;
 - ray-cli: `ray job submit --no-wait -- true`, one CLI process per job, as a shell user would;
 - ray-client: Ray's Python JobSubmissionClient, submit_job per job;
 - keel-ray: keel/cluster/ray_backend.py's RayBackend (the Jobs API, plus the log copy it makes
@@ -44,7 +45,7 @@ from pathlib import Path
 
 POLL_SECONDS = 0.1
 TIMEOUT_SECONDS = 600.0
-CONTENDERS = ("keel-local", "ray-cli", "ray-client", "keel-ray")
+CONTENDERS = ("keel-local", "keel-controller", "ray-cli", "ray-client", "keel-ray")
 RAY_DONE = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
@@ -150,6 +151,37 @@ def run_keel_local(head: Head, jobs: int, tag: str, cpus: float, work: Path):
         backend.close()
 
 
+def run_keel_controller(head: Head, jobs: int, tag: str, cpus: float, work: Path):
+    """The whole keel path: jobs submitted to the controller's SQLite queue, then ticks (no
+    sleep between them) until every job has succeeded: scheduling, launch and reconcile."""
+    from keel.cluster.controller import Controller
+    from keel.cluster.local import LocalBackend
+    from keel.cluster.spec import JobSpec, Resources
+    from keel.cluster.state import submit
+
+    control = Controller(
+        work / tag, {"local": LocalBackend(work / tag / "tasks", max_cpus=os.cpu_count())}
+    )
+    spec = JobSpec(("true",), resources=Resources(cpus=max(cpus, 0.001)))
+    try:
+        start = time.perf_counter()
+        for _ in range(jobs):
+            submit(control.database, spec)
+        submitted = time.perf_counter() - start
+        deadline = time.monotonic() + TIMEOUT_SECONDS
+        query = "SELECT count(*) FROM jobs WHERE state != 'succeeded'"
+        while control.database.execute(query).fetchone()[0]:
+            failed = control.database.execute("SELECT count(*) FROM jobs WHERE state = 'failed'")
+            if failed.fetchone()[0]:
+                raise SystemExit(f"{tag}: a job failed")
+            control.tick()
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{tag}: timed out")
+        return submitted, time.perf_counter() - start
+    finally:
+        control.close()
+
+
 def run_keel_ray(head: Head, jobs: int, tag: str, cpus: float, work: Path):
     from keel.cluster.ray_backend import RayBackend
 
@@ -192,6 +224,7 @@ def run_ray_cli(head: Head, jobs: int, tag: str, cpus: float, work: Path):
 
 RUNNERS: dict[str, Callable] = {
     "keel-local": run_keel_local,
+    "keel-controller": run_keel_controller,
     "ray-cli": run_ray_cli,
     "ray-client": run_ray_client,
     "keel-ray": run_keel_ray,
