@@ -34,26 +34,18 @@ from typing import Any
 import orjson
 
 from keel.cluster import state
-from keel.cluster.backend import ScaleGroup, TaskBackend, TaskLaunch, TaskState
+from keel.cluster.backend import ScaleGroup, TaskBackend, TaskState
+from keel.cluster.launch import KEY, JobInfo, Launcher, key, record_assignments
 from keel.cluster.ledger import CapacityLedger
 from keel.cluster.logs import LogStreamer
 from keel.cluster.outcome import gang_outcome, resolve
 from keel.cluster.scheduler import ClusterView, PendingJob, RunningJob, schedule
 from keel.cluster.spec import JobSpec
-from keel.core.errors import KeelError, UsageError
+from keel.core.errors import KeelError
 
 logger = logging.getLogger(__name__)
 FINAL_ATTEMPT_STATES = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.LOST, TaskState.CANCELLED}
 ACTIVE = state.ACTIVE_ATTEMPT_STATES
-KEY = "job_id = ? AND replica = ? AND attempt = ?"
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """What never changes about a job, parsed once: its spec and its place in the queue."""
-
-    spec: JobSpec
-    pending: PendingJob
 
 
 @dataclass
@@ -80,7 +72,6 @@ class Controller:
         telemetry: str = "",
     ) -> None:
         self.root = Path(root).resolve()
-        self._tasks_root = str(self.root / "tasks")
         self.backends = dict(backends)
         self.regions = dict(regions or {})
         self.report_every = max(1, report_every)
@@ -100,6 +91,7 @@ class Controller:
         # (the scheduler counts it when planning preemptions, never when assigning).
         self._leaving: dict[str, list[RunningJob]] = {name: [] for name in self.backends}
         self.logs = LogStreamer(self.database, self.backends, telemetry)
+        self.launcher = Launcher(self.database, self.backends, str(self.root / "tasks"))
 
     # -- the tick ------------------------------------------------------------------------------
 
@@ -170,7 +162,7 @@ class Controller:
             backend = self.backends.get(cluster)
             if backend is None:
                 reason = f"cluster {cluster} is not configured any more"
-                changes += [("lost", None, reason, now, *_key(row)) for row in rows]
+                changes += [("lost", None, reason, now, *key(row)) for row in rows]
                 continue
             try:
                 statuses = backend.poll([row["handle"] for row in rows])
@@ -183,7 +175,7 @@ class Controller:
                     continue
                 ended = now if status.state in FINAL_ATTEMPT_STATES else None
                 changes.append(
-                    (status.state.value, status.exit_code, status.reason, ended, *_key(row))
+                    (status.state.value, status.exit_code, status.reason, ended, *key(row))
                 )
         if changes:
             with state.transaction(self.database):
@@ -432,118 +424,16 @@ class Controller:
             )
             self._reasons.update(changed)
             self._write_ends()
-        self._launch(launches)
+        self.launcher.launch(launches)
         for cluster, active in cancels:
             self._cancel(cluster, active)
 
     def _record_assignments(self, assignments: list[tuple[str, str]]) -> list[tuple[Any, JobSpec]]:
-        """Write down the round's new attempts (state launching), reservations and job states,
-        in a few statements for the whole round; return the attempts to launch."""
-        if not assignments:
-            return []
-        previous: dict[tuple[str, int], int] = {}
-        job_ids = [job_id for job_id, _ in assignments]
-        for start in range(0, len(job_ids), 500):
-            batch = job_ids[start : start + 500]
-            for job_id, replica, attempt in self.database.execute(
-                "SELECT job_id, replica, max(attempt) FROM attempts "
-                f"WHERE job_id IN ({', '.join('?' * len(batch))}) GROUP BY job_id, replica",
-                batch,
-            ).fetchall():
-                previous[(job_id, replica)] = attempt
-        now = time.time()
-        attempts, launches = [], []
+        launches = record_assignments(self.database, assignments, self._jobs, self.ticks, self.home)
         for job_id, cluster in assignments:
-            info = self._jobs[job_id]
-            for replica in range(info.spec.replicas):
-                number = previous.get((job_id, replica), 0) + 1
-                attempts.append((job_id, replica, number, cluster, now))
-                launches.append(
-                    (
-                        {
-                            "job_id": job_id,
-                            "replica": replica,
-                            "attempt": number,
-                            "cluster": cluster,
-                        },
-                        info.spec,
-                    )
-                )
-            self.ledger.reserve(job_id, cluster, info.pending.demand, self.ticks)
+            self.ledger.reserve(job_id, cluster, self._jobs[job_id].pending.demand, self.ticks)
             self._reasons.pop(job_id, None)
-        self.database.executemany(
-            "INSERT INTO attempts (job_id, replica, attempt, cluster, state, started_at) "
-            "VALUES (?, ?, ?, ?, 'launching', ?)",
-            attempts,
-        )
-        self.database.executemany(
-            "UPDATE jobs SET state = 'running', cluster = ?, reason = '', started_at = ? "
-            "WHERE id = ?",
-            [(cluster, now, job_id) for job_id, cluster in assignments],
-        )
-        self.database.executemany(
-            "INSERT OR REPLACE INTO reservations (job_id, cluster, demand, tick) "
-            "VALUES (?, ?, ?, ?)",
-            [
-                (
-                    job_id,
-                    cluster,
-                    orjson.dumps(dict(self._jobs[job_id].pending.demand)).decode(),
-                    self.ticks,
-                )
-                for job_id, cluster in assignments
-            ],
-        )
-        self.database.executemany(
-            "INSERT INTO events (at, job_id, kind, detail) VALUES (?, ?, 'assigned', ?)",
-            [
-                (now, job_id, cluster if cluster == self.home else f"{cluster} (routed to a peer)")
-                for job_id, cluster in assignments
-            ],
-        )
         return launches
-
-    def _launch(self, attempts: list[tuple[Any, JobSpec]]) -> None:
-        """Ask the backends to start recorded attempts; record handles, or the refusal."""
-        started, failed = [], set()
-        for attempt, spec in attempts:
-            if attempt["job_id"] in failed:
-                continue
-            backend = self.backends.get(attempt["cluster"])
-            try:
-                if backend is None:
-                    raise UsageError(f"cluster {attempt['cluster']} is not configured any more")
-                handle = backend.launch(self._task(spec, attempt))
-            except Exception as error:  # recorded as the job's outcome; the tick goes on
-                logger.warning(
-                    "launching %s.%s failed: %s", attempt["job_id"], attempt["replica"], error
-                )
-                self._refuse(attempt, error)
-                failed.add(attempt["job_id"])
-                continue
-            started.append((handle, *_key(attempt)))
-        with state.transaction(self.database):
-            self.database.executemany(
-                f"UPDATE attempts SET handle = ?, state = 'running' WHERE {KEY}", started
-            )
-
-    def _refuse(self, attempt: Any, error: Exception) -> None:
-        reason = f"could not start replica {attempt['replica']}: {error}"
-        kind = "refused" if isinstance(error, UsageError) else "failed"
-        with state.transaction(self.database):
-            self.database.execute(
-                f"UPDATE attempts SET state = 'failed', reason = ?, ended_at = ? WHERE {KEY}",
-                (reason, time.time(), *_key(attempt)),
-            )
-            self.database.execute(
-                "UPDATE attempts SET state = 'cancelled', ended_at = ?, "
-                "reason = 'not started: a replica failed to start' "
-                "WHERE job_id = ? AND state = 'launching' AND handle IS NULL",
-                (time.time(), attempt["job_id"]),
-            )
-            self.database.execute(
-                "UPDATE jobs SET outcome = ? WHERE id = ?", (f"{kind}: {reason}", attempt["job_id"])
-            )
 
     def _relaunch(self, attempt: Any) -> None:
         """An attempt recorded before a crash, whose launch was never confirmed: launch it again
@@ -551,35 +441,9 @@ class Controller:
         job = state.job(self.database, attempt["job_id"])
         if job["state"] == "running" and not job["outcome"]:
             self._load_new()
-            self._launch([(attempt, self._jobs[job["id"]].spec)])
-            return
-        with state.transaction(self.database):
-            self.database.execute(
-                f"UPDATE attempts SET state = 'cancelled', reason = 'not started', ended_at = ? "
-                f"WHERE {KEY}",
-                (time.time(), *_key(attempt)),
-            )
-
-    def _task(self, spec: JobSpec, attempt: Any) -> TaskLaunch:
-        job_id, replica, number = _key(attempt)
-        resources = spec.resources
-        return TaskLaunch(
-            task_id=f"{job_id}.{replica}",
-            attempt=number,
-            command=spec.command,
-            env={
-                **spec.env,
-                "KEEL_JOB_ID": job_id,
-                "KEEL_REPLICA": str(replica),
-                "KEEL_REPLICAS": str(spec.replicas),
-            },
-            cpus=resources.cpus,
-            memory_mb=resources.memory_mb,
-            device_type=resources.device_type,
-            device_count=resources.device_count,
-            log_dir=f"{self._tasks_root}/{job_id}/{replica}/{number}",
-            workdir=spec.workdir,
-        )
+            self.launcher.launch([(attempt, self._jobs[job["id"]].spec)])
+        else:
+            self.launcher.abandon(attempt)
 
     def _autoscale(self, pending: list[str], running: list) -> None:
         """Size each scale group (the local pool) to the cpus of its work and of the queue."""
@@ -601,7 +465,3 @@ class Controller:
                     state.event(
                         self.database, None, "scaled", f"{name}: {before:g} -> {after:g} cpus"
                     )
-
-
-def _key(attempt: Any) -> tuple[str, int, int]:
-    return attempt["job_id"], attempt["replica"], attempt["attempt"]

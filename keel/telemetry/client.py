@@ -30,7 +30,8 @@ from keel.telemetry.schema import (
     TelemetryQueryError,
     check_namespace,
 )
-from keel.telemetry.store import CompactionReport, SharedStore, TelemetryStore
+from keel.telemetry.shared import SharedStore
+from keel.telemetry.store import CompactionReport, TelemetryStore
 from keel.telemetry.wire import ARROW_STREAM, arrow_stream, json_default, read_stream
 
 FOLLOW_BATCH_ROWS = 100_000

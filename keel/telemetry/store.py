@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import duckdb
 import orjson
@@ -468,59 +468,3 @@ class TelemetryStore:
     def _raise_failure(self) -> None:
         if self._failure is not None:
             raise RuntimeError("the telemetry store's background work failed") from self._failure
-
-
-class SharedStore:
-    """A handle on a store that this process shares: one writer per root and process, however
-    many parts of the program (a flow stage, the trainer) report into it. Closing the last handle
-    closes the store."""
-
-    _open: ClassVar[dict[Path, tuple[TelemetryStore, int]]] = {}
-    _guard = threading.Lock()
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root).resolve()
-        with SharedStore._guard:
-            store, handles = SharedStore._open.get(self.root, (None, 0))
-            if store is None:
-                store = TelemetryStore(self.root)
-            SharedStore._open[self.root] = (store, handles + 1)
-        self.store: TelemetryStore | None = store
-
-    def write(self, namespace: str, data: pa.Table | pa.RecordBatch | list[dict[str, Any]]) -> int:
-        return self._store().write(namespace, data)
-
-    def query(self, sql: str) -> pa.Table:
-        return self._store().query(sql)
-
-    def tail(self, namespace: str, limit: int = 20, after: datetime | None = None) -> pa.Table:
-        return self._store().tail(namespace, limit, after)
-
-    def namespaces(self) -> dict[str, pa.Schema]:
-        return self._store().namespaces()
-
-    def compact(self, namespace: str | None = None) -> CompactionReport:
-        return self._store().compact(namespace)
-
-    def close(self) -> None:
-        if self.store is None:
-            return
-        with SharedStore._guard:  # held through the close: a new handle waits for the release
-            store, handles = SharedStore._open[self.root]
-            if handles == 1:
-                del SharedStore._open[self.root]
-                store.close()
-            else:
-                SharedStore._open[self.root] = (store, handles - 1)
-            self.store = None
-
-    def _store(self) -> TelemetryStore:
-        if self.store is None:
-            raise RuntimeError(f"the handle on telemetry store {self.root} is closed")
-        return self.store
-
-    def __enter__(self) -> SharedStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

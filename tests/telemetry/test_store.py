@@ -21,7 +21,7 @@ from keel.telemetry import (
     TelemetryQueryError,
     TelemetryStore,
 )
-from keel.telemetry.store import SharedStore
+from keel.telemetry.shared import SharedStore
 from keel.telemetry.wal import generation_path, generations
 
 START = datetime(2026, 11, 1)

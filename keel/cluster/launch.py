@@ -1,0 +1,175 @@
+"""Starting the attempts a scheduling round decided: recorded first, then launched.
+
+`record_assignments` writes a round's attempts (state "launching"), job states, reservations and
+events in a few statements, inside the controller's transaction, before any backend is asked;
+`Launcher.launch` then asks the backends and records each handle, or the refusal (a refused
+replica fails its gang at once; its unstarted siblings are cancelled).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from keel.cluster import state
+from keel.cluster.backend import TaskBackend, TaskLaunch
+from keel.cluster.scheduler import PendingJob
+from keel.cluster.spec import JobSpec
+from keel.core.errors import UsageError
+
+logger = logging.getLogger(__name__)
+KEY = "job_id = ? AND replica = ? AND attempt = ?"
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What never changes about a job, parsed once: its spec and its place in the queue."""
+
+    spec: JobSpec
+    pending: PendingJob
+
+
+def key(attempt: Any) -> tuple[str, int, int]:
+    return attempt["job_id"], attempt["replica"], attempt["attempt"]
+
+
+def record_assignments(
+    database: sqlite3.Connection,
+    assignments: list[tuple[str, str]],
+    jobs: Mapping[str, JobInfo],
+    tick: int,
+    home: str | None,
+) -> list[tuple[dict[str, Any], JobSpec]]:
+    """Write down the round's new attempts, job states, reservations and events (the caller
+    holds the transaction); return the attempts to launch with their specs."""
+    if not assignments:
+        return []
+    previous: dict[tuple[str, int], int] = {}
+    job_ids = [job_id for job_id, _ in assignments]
+    for start in range(0, len(job_ids), 500):
+        batch = job_ids[start : start + 500]
+        for job_id, replica, attempt in database.execute(
+            "SELECT job_id, replica, max(attempt) FROM attempts "
+            f"WHERE job_id IN ({', '.join('?' * len(batch))}) GROUP BY job_id, replica",
+            batch,
+        ).fetchall():
+            previous[(job_id, replica)] = attempt
+    now = time.time()
+    attempts, launches = [], []
+    for job_id, cluster in assignments:
+        spec = jobs[job_id].spec
+        for replica in range(spec.replicas):
+            number = previous.get((job_id, replica), 0) + 1
+            attempts.append((job_id, replica, number, cluster, now))
+            attempt = {"job_id": job_id, "replica": replica, "attempt": number, "cluster": cluster}
+            launches.append((attempt, spec))
+    database.executemany(
+        "INSERT INTO attempts (job_id, replica, attempt, cluster, state, started_at) "
+        "VALUES (?, ?, ?, ?, 'launching', ?)",
+        attempts,
+    )
+    database.executemany(
+        "UPDATE jobs SET state = 'running', cluster = ?, reason = '', started_at = ? WHERE id = ?",
+        [(cluster, now, job_id) for job_id, cluster in assignments],
+    )
+    database.executemany(
+        "INSERT OR REPLACE INTO reservations (job_id, cluster, demand, tick) VALUES (?, ?, ?, ?)",
+        [
+            (job_id, cluster, orjson.dumps(dict(jobs[job_id].pending.demand)).decode(), tick)
+            for job_id, cluster in assignments
+        ],
+    )
+    database.executemany(
+        "INSERT INTO events (at, job_id, kind, detail) VALUES (?, ?, 'assigned', ?)",
+        [
+            (now, job_id, cluster if cluster == home else f"{cluster} (routed to a peer)")
+            for job_id, cluster in assignments
+        ],
+    )
+    return launches
+
+
+class Launcher:
+    """Asks backends to start recorded attempts and records what they answer."""
+
+    def __init__(
+        self, database: sqlite3.Connection, backends: Mapping[str, TaskBackend], tasks_root: str
+    ) -> None:
+        self.database = database
+        self.backends = backends
+        self.tasks_root = tasks_root  # attempts' output: <tasks_root>/<job>/<replica>/<attempt>
+
+    def launch(self, attempts: list[tuple[Any, JobSpec]]) -> None:
+        started, failed = [], set()
+        for attempt, spec in attempts:
+            if attempt["job_id"] in failed:
+                continue
+            backend = self.backends.get(attempt["cluster"])
+            try:
+                if backend is None:
+                    raise UsageError(f"cluster {attempt['cluster']} is not configured any more")
+                handle = backend.launch(self.task(spec, attempt))
+            except Exception as error:  # recorded as the job's outcome; the tick goes on
+                logger.warning("launching %s.%s failed: %s", *key(attempt)[:2], error)
+                self._refuse(attempt, error)
+                failed.add(attempt["job_id"])
+                continue
+            started.append((handle, *key(attempt)))
+        with state.transaction(self.database):
+            self.database.executemany(
+                f"UPDATE attempts SET handle = ?, state = 'running' WHERE {KEY}", started
+            )
+
+    def abandon(self, attempt: Any) -> None:
+        """A recorded attempt that will not be started (its job moved on)."""
+        with state.transaction(self.database):
+            self.database.execute(
+                "UPDATE attempts SET state = 'cancelled', reason = 'not started', ended_at = ? "
+                f"WHERE {KEY}",
+                (time.time(), *key(attempt)),
+            )
+
+    def task(self, spec: JobSpec, attempt: Any) -> TaskLaunch:
+        job_id, replica, number = key(attempt)
+        resources = spec.resources
+        return TaskLaunch(
+            task_id=f"{job_id}.{replica}",
+            attempt=number,
+            command=spec.command,
+            env={
+                **spec.env,
+                "KEEL_JOB_ID": job_id,
+                "KEEL_REPLICA": str(replica),
+                "KEEL_REPLICAS": str(spec.replicas),
+            },
+            cpus=resources.cpus,
+            memory_mb=resources.memory_mb,
+            device_type=resources.device_type,
+            device_count=resources.device_count,
+            log_dir=f"{self.tasks_root}/{job_id}/{replica}/{number}",
+            workdir=spec.workdir,
+        )
+
+    def _refuse(self, attempt: Any, error: Exception) -> None:
+        reason = f"could not start replica {attempt['replica']}: {error}"
+        kind = "refused" if isinstance(error, UsageError) else "failed"
+        with state.transaction(self.database):
+            self.database.execute(
+                f"UPDATE attempts SET state = 'failed', reason = ?, ended_at = ? WHERE {KEY}",
+                (reason, time.time(), *key(attempt)),
+            )
+            self.database.execute(
+                "UPDATE attempts SET state = 'cancelled', ended_at = ?, "
+                "reason = 'not started: a replica failed to start' "
+                "WHERE job_id = ? AND state = 'launching' AND handle IS NULL",
+                (time.time(), attempt["job_id"]),
+            )
+            self.database.execute(
+                "UPDATE jobs SET outcome = ? WHERE id = ?", (f"{kind}: {reason}", attempt["job_id"])
+            )
