@@ -22,7 +22,7 @@ from keel.cli.output import print_json, stderr, stdout, user_errors
 from keel.cluster import daemon, state
 from keel.cluster.api import ControllerClient
 from keel.cluster.config import load_federation
-from keel.cluster.logs import follow_file
+from keel.cluster.logs import follow_file, output_file
 from keel.cluster.spec import (
     JobSpec,
     Priority,
@@ -277,10 +277,7 @@ def logs_command(
     if task is None:
         stderr.print(f"job {job_id} has no output yet (state: {status['state']})")
         return
-    path = Path(root) / "tasks" / job_id / str(replica) / str(task["attempt"])
-    path = path / ("stderr" if errors else "stdout")
-    if not path.exists() and task["handle"]:
-        path = Path(task["handle"]) / ("stderr" if errors else "stdout")
+    path = output_file(Path(root), job_id, task, "stderr" if errors else "stdout")
 
     def ended() -> bool:
         return not follow or state.job_status(database, job_id)["state"] in state.FINAL_JOB_STATES

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from keel.cluster import state
+from keel.cluster.logs import output_file
 from keel.cluster.spec import JobSpec
 from keel.core.errors import KeelError, UsageError
 from keel.telemetry.server import is_loopback
@@ -151,11 +152,8 @@ def _log_chunk(root: Path, database, job_id: str, query: dict[str, list[str]]) -
     done = status["state"] in state.FINAL_JOB_STATES
     if task is None or task["handle"] is None:
         return {"text": "", "offset": offset, "done": done}
-    path = Path(task["handle"]) / stream
-    if not path.exists():
-        path = root / "tasks" / job_id / str(replica) / str(task["attempt"]) / stream
     try:
-        with open(path, "rb") as handle:
+        with open(output_file(root, job_id, task, stream), "rb") as handle:
             handle.seek(offset)
             data = handle.read(LOG_CHUNK_BYTES)
     except FileNotFoundError:

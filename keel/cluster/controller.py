@@ -200,26 +200,21 @@ class Controller:
             )
         ).fetchall()
         if changed:
-            listed = sorted(changed)
-            for start in range(0, len(listed), 500):
-                batch = listed[start : start + 500]
-                jobs += self.database.execute(
-                    f"SELECT * FROM jobs WHERE id IN ({', '.join('?' * len(batch))}) "
-                    "AND state = 'running' AND outcome = '' AND cancel_requested = 0",
-                    batch,
-                ).fetchall()
+            jobs += state.rows_for_ids(
+                self.database,
+                "SELECT * FROM jobs WHERE id IN ({ids}) "
+                "AND state = 'running' AND outcome = '' AND cancel_requested = 0",
+                sorted(changed),
+            )
         if not jobs:
             return 0
         latest: dict[str, dict[int, dict]] = {}
-        ids = sorted({job["id"] for job in jobs})
-        rows = []
-        for start in range(0, len(ids), 500):
-            batch = ids[start : start + 500]
-            rows += self.database.execute(
-                "SELECT job_id, replica, attempt, state, reason, handle FROM attempts "
-                f"WHERE job_id IN ({', '.join('?' * len(batch))})",
-                batch,
-            ).fetchall()
+        rows = state.rows_for_ids(
+            self.database,
+            "SELECT job_id, replica, attempt, state, reason, handle FROM attempts "
+            "WHERE job_id IN ({ids})",
+            sorted({job["id"] for job in jobs}),
+        )
         for row in rows:
             replicas = latest.setdefault(row["job_id"], {})
             if (

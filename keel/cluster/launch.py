@@ -50,16 +50,15 @@ def record_assignments(
     holds the transaction); return the attempts to launch with their specs."""
     if not assignments:
         return []
-    previous: dict[tuple[str, int], int] = {}
-    job_ids = [job_id for job_id, _ in assignments]
-    for start in range(0, len(job_ids), 500):
-        batch = job_ids[start : start + 500]
-        for job_id, replica, attempt in database.execute(
+    previous = {
+        (job_id, replica): attempt
+        for job_id, replica, attempt in state.rows_for_ids(
+            database,
             "SELECT job_id, replica, max(attempt) FROM attempts "
-            f"WHERE job_id IN ({', '.join('?' * len(batch))}) GROUP BY job_id, replica",
-            batch,
-        ).fetchall():
-            previous[(job_id, replica)] = attempt
+            "WHERE job_id IN ({ids}) GROUP BY job_id, replica",
+            [job_id for job_id, _ in assignments],
+        )
+    }
     now = time.time()
     attempts, launches = [], []
     for job_id, cluster in assignments:

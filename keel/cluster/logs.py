@@ -13,7 +13,6 @@ import logging
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 
 import orjson
@@ -21,7 +20,7 @@ import pyarrow as pa
 
 from keel.cluster.backend import TaskBackend
 from keel.telemetry.client import Telemetry
-from keel.telemetry.sink import open_target
+from keel.telemetry.sink import now, open_target
 
 logger = logging.getLogger(__name__)
 NAMESPACE = "cluster.task_log"
@@ -87,7 +86,7 @@ class LogStreamer:
     def _write(self, row: sqlite3.Row, lines: list[tuple[str, str]]) -> None:
         if self._client is None:
             self._client = open_target(self.target)
-        stamp = datetime.now(UTC).replace(tzinfo=None)
+        stamp = now()
         count = len(lines)
         table = pa.table(
             {
@@ -124,6 +123,14 @@ def _read_lines(path: Path, offset: int, *, final: bool) -> tuple[list[str], int
     if lines and lines[-1] == "":
         lines.pop()
     return lines, offset + len(data)
+
+
+def output_file(root: Path, job_id: str, task: Mapping, stream: str) -> Path:
+    """Where a task's latest attempt wrote `stream` ("stdout" or "stderr"): its handle's
+    directory for the local backend, else the attempt's directory under `root`/tasks."""
+    if task.get("handle") and (Path(task["handle"]) / stream).exists():
+        return Path(task["handle"]) / stream
+    return root / "tasks" / job_id / str(task["replica"]) / str(task["attempt"]) / stream
 
 
 def follow_file(path: Path, *, poll_seconds: float = 0.5, done=lambda: False) -> Iterator[str]:

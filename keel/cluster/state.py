@@ -115,6 +115,18 @@ def transaction(database: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     database.execute("COMMIT")
 
 
+def rows_for_ids(
+    database: sqlite3.Connection, query: str, ids: list[str], batch: int = 500
+) -> list[sqlite3.Row]:
+    """Rows of `query`, whose `{ids}` stands for a list of parameters, for every id in `ids`,
+    asked in batches (SQLite caps the parameters of one statement)."""
+    rows: list[sqlite3.Row] = []
+    for start in range(0, len(ids), batch):
+        part = ids[start : start + batch]
+        rows += database.execute(query.format(ids=", ".join("?" * len(part))), part).fetchall()
+    return rows
+
+
 def encode_spec(spec: JobSpec) -> str:
     data = asdict(spec)
     data["priority"] = spec.priority.name.lower()
