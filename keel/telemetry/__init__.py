@@ -12,6 +12,8 @@ See docs/telemetry.md.
 from keel.telemetry.compaction import CompactionReport
 from keel.telemetry.schema import (
     NamespaceOptions,
+    QueryLimitError,
+    QueryLimits,
     StoreBusyError,
     TelemetryInputError,
     TelemetryQueryError,
@@ -22,6 +24,8 @@ from keel.telemetry.store import StoreOptions, TelemetryStore
 __all__ = [
     "CompactionReport",
     "NamespaceOptions",
+    "QueryLimitError",
+    "QueryLimits",
     "StoreBusyError",
     "StoreOptions",
     "TelemetryInputError",

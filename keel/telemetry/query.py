@@ -11,6 +11,8 @@ query cannot read other files on the machine.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +25,11 @@ import pyarrow.parquet as pq
 
 from keel.telemetry import plan as planner
 from keel.telemetry.manifest import Manifest, SegmentEntry
-from keel.telemetry.schema import TelemetryQueryError
+from keel.telemetry.schema import QueryLimitError, QueryLimits, TelemetryQueryError
 from keel.telemetry.segment import segment_path
 from keel.telemetry.sidecar import SegmentIndex
 
+RESULT_BATCH_ROWS = 65_536  # result rows fetched from DuckDB per batch while counting them
 WHOLE_FILE_FRACTION = 0.5  # read a segment whole when at least this share of its row groups is left
 
 IndexLookup = Callable[[str, SegmentEntry], SegmentIndex | None]
@@ -45,12 +48,15 @@ class Snapshot:
         return self.directory / "segments"
 
 
-def open_database(root: Path) -> duckdb.DuckDBPyConnection:
+def open_database(root: Path, memory_bytes: int | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB for a store's queries: time zone UTC, files readable only under
-    `root`. Each query runs on its own cursor (its own temporary views), ~4 ms instead of the
-    ~20 ms of a new database per query."""
+    `root`, at most `memory_bytes` of DuckDB memory for all queries together (None: DuckDB's
+    default, 80% of RAM). Each query runs on its own cursor (its own temporary views), ~4 ms
+    instead of the ~20 ms of a new database per query."""
     database = duckdb.connect()
     database.execute("SET GLOBAL TimeZone = 'UTC'")
+    if memory_bytes is not None:
+        database.execute(f"SET memory_limit = '{int(memory_bytes)}B'")
     allowed = f"{root}/".replace("'", "''")
     database.execute(f"SET allowed_directories = ['{allowed}']")
     database.execute("SET enable_external_access = false")
@@ -82,49 +88,114 @@ def run_query(
     index_of: IndexLookup,
     *,
     execute: bool = True,
+    limits: QueryLimits | None = None,
 ) -> tuple[pa.Table | None, list[ScanReport]]:
     """Run `sql` (or with execute=False only plan it); return the result and what was read.
 
-    `snapshots(names)` gives the named namespaces (None: all of them, for their schemas)."""
+    `snapshots(names)` gives the named namespaces (None: all of them, for their schemas).
+    `limits` (default QueryLimits()) caps the result's rows and bytes and the time taken: a timer
+    interrupts DuckDB at the deadline, and the result is fetched in batches and counted, so an
+    oversized result is refused before it is held in memory whole."""
+    limits = limits or QueryLimits()
     connection = database.cursor()
+    deadline = time.monotonic() + limits.timeout_seconds
+    timer = threading.Timer(limits.timeout_seconds, connection.interrupt)
+    timer.daemon = True
+    timer.start()
     try:
-        every = snapshots(None)
-        schemas = {name: s.manifest.schema for name, s in every.items()}
-        times = {name: s.manifest.options.time_column for name, s in every.items()}
-        query_plan = planner.plan_query(connection, sql, schemas, times)
-        current = snapshots(set(query_plan.tables)) if query_plan.tables else {}
-        if query_plan.count is not None:
-            snapshot = current[query_plan.count.namespace]
-            counted = _count_table(query_plan.count, snapshot, index_of)
-            if counted is not None:
-                report = ScanReport(
-                    snapshot.manifest.namespace,
-                    segments=len(snapshot.manifest.segments),
-                    row_groups=sum(s.row_groups for s in snapshot.manifest.segments),
-                    pending_rows=sum(t.num_rows for t in snapshot.pending),
-                    from_value_counts=True,
-                )
-                if not execute:
-                    return None, [report]
-                connection.register(planner.COUNTS_TABLE, counted)
-                return _execute(connection, query_plan.count.sql), [report]
-        reports = [
-            _create_view(connection, position, scan, current[scan.namespace], index_of)
-            for position, scan in enumerate(query_plan.tables.values())
-        ]
-        return (_execute(connection, sql) if execute else None), reports
+        return _plan_and_run(sql, connection, snapshots, index_of, execute, limits, deadline)
+    except duckdb.InterruptException:
+        raise _over_time(limits) from None
     finally:
+        timer.cancel()
         connection.close()
 
 
-def _execute(connection: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+def _plan_and_run(
+    sql: str,
+    connection: duckdb.DuckDBPyConnection,
+    snapshots: Callable[[set[str] | None], dict[str, Snapshot]],
+    index_of: IndexLookup,
+    execute: bool,
+    limits: QueryLimits,
+    deadline: float,
+) -> tuple[pa.Table | None, list[ScanReport]]:
+    every = snapshots(None)
+    schemas = {name: s.manifest.schema for name, s in every.items()}
+    times = {name: s.manifest.options.time_column for name, s in every.items()}
+    query_plan = planner.plan_query(connection, sql, schemas, times)
+    current = snapshots(set(query_plan.tables)) if query_plan.tables else {}
+    if query_plan.count is not None:
+        snapshot = current[query_plan.count.namespace]
+        counted = _count_table(query_plan.count, snapshot, index_of)
+        if counted is not None:
+            report = ScanReport(
+                snapshot.manifest.namespace,
+                segments=len(snapshot.manifest.segments),
+                row_groups=sum(s.row_groups for s in snapshot.manifest.segments),
+                pending_rows=sum(t.num_rows for t in snapshot.pending),
+                from_value_counts=True,
+            )
+            if not execute:
+                return None, [report]
+            connection.register(planner.COUNTS_TABLE, counted)
+            return _execute(connection, query_plan.count.sql, limits, deadline), [report]
+    reports = [
+        _create_view(connection, position, scan, current[scan.namespace], index_of)
+        for position, scan in enumerate(query_plan.tables.values())
+    ]
+    if not execute:
+        return None, reports
+    return _execute(connection, sql, limits, deadline), reports
+
+
+def _execute(
+    connection: duckdb.DuckDBPyConnection, sql: str, limits: QueryLimits, deadline: float
+) -> pa.Table:
+    """The result of `sql`, fetched batch by batch and refused as soon as it passes a limit."""
+    batches = []
+    rows = size = 0
     try:
-        return connection.sql(sql).to_arrow_table()
-    except duckdb.IOException:
+        if time.monotonic() >= deadline:
+            raise _over_time(limits)
+        reader = connection.sql(sql).to_arrow_reader(RESULT_BATCH_ROWS)
+        for batch in reader:
+            rows += batch.num_rows
+            size += batch.nbytes
+            if rows > limits.max_rows:
+                raise QueryLimitError(
+                    f"the result has more than {limits.max_rows:,} rows (max_rows): "
+                    "add a LIMIT, a narrower WHERE or an aggregate"
+                )
+            if size > limits.max_bytes:
+                raise QueryLimitError(
+                    f"the result is larger than {limits.max_bytes:,} bytes (max_bytes): "
+                    "select fewer columns, add a LIMIT or a narrower WHERE"
+                )
+            if time.monotonic() >= deadline:
+                raise _over_time(limits)
+            batches.append(batch)
+        return pa.Table.from_batches(batches, schema=reader.schema)
+    except (duckdb.IOException, duckdb.InterruptException):
         raise
+    except duckdb.OutOfMemoryException as error:
+        raise QueryLimitError(
+            f"the query needs more memory than the store allows ({_first_line(error)}): "
+            "narrow its WHERE or aggregate less"
+        ) from None
     except duckdb.Error as error:
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise TelemetryQueryError(f"query failed: {message}") from None
+        raise TelemetryQueryError(f"query failed: {_first_line(error)}") from None
+
+
+def _over_time(limits: QueryLimits) -> QueryLimitError:
+    return QueryLimitError(
+        f"the query ran longer than {limits.timeout_seconds:g} s (timeout_seconds): "
+        "narrow its time range or WHERE, or add a LIMIT"
+    )
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _quote(name: str) -> str:

@@ -37,6 +37,7 @@ from keel.telemetry.namespace import NamespaceWriter
 from keel.telemetry.query import ScanReport, Snapshot, open_database, run_query
 from keel.telemetry.schema import (
     NamespaceOptions,
+    QueryLimits,
     StoreBusyError,
     TelemetryInputError,
     TelemetryQueryError,
@@ -62,6 +63,7 @@ class StoreOptions:
     auto_compact_seconds: float | None = None
     retire_grace_seconds: float = 60.0  # replaced segment files outlive their manifest this long
     max_pending_bytes: int = 2 << 30  # writes wait while this much WAL awaits its flush
+    query_memory_bytes: int | None = 4 << 30  # DuckDB memory for all queries together
 
 
 class TelemetryStore:
@@ -141,19 +143,29 @@ class TelemetryStore:
             self._after_seal()
         return table.num_rows
 
-    def query(self, sql: str) -> pa.Table:
-        """Run DuckDB SQL; each namespace is a table of that name (quote dotted names)."""
-        return self._run(sql, execute=True)[0]
+    def query(self, sql: str, limits: QueryLimits | None = None) -> pa.Table:
+        """Run DuckDB SQL; each namespace is a table of that name (quote dotted names).
+
+        `limits` (default QueryLimits()) caps the result's rows and bytes and the seconds taken;
+        a query past one raises QueryLimitError naming the cap."""
+        return self._run(sql, execute=True, limits=limits)[0]
 
     def explain(self, sql: str) -> list[ScanReport]:
         """What `query(sql)` would read per namespace (segments, row groups), without running it."""
         return self._run(sql, execute=False)[1]
 
-    def _run(self, sql: str, *, execute: bool) -> tuple[pa.Table | None, list[ScanReport]]:
+    def _run(
+        self, sql: str, *, execute: bool, limits: QueryLimits | None = None
+    ) -> tuple[pa.Table | None, list[ScanReport]]:
         for attempt in range(3):
             try:
                 return run_query(
-                    sql, self._database(), self._snapshots, self._index, execute=execute
+                    sql,
+                    self._database(),
+                    self._snapshots,
+                    self._index,
+                    execute=execute,
+                    limits=limits,
                 )
             except duckdb.IOException as error:
                 # A segment retired by a compaction in another process since we read the manifest.
@@ -381,7 +393,7 @@ class TelemetryStore:
     def _database(self) -> duckdb.DuckDBPyConnection:
         with self._state:
             if self._duckdb is None:
-                self._duckdb = open_database(self.root)
+                self._duckdb = open_database(self.root, self.options.query_memory_bytes)
             return self._duckdb
 
     def _index(self, namespace: str, entry: SegmentEntry) -> SegmentIndex | None:
