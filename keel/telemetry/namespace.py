@@ -136,7 +136,7 @@ class NamespaceWriter:
         the merged file still clusters keys within each stretch of time (not yet committed)."""
         table = pa.concat_tables(
             [pq.read_table(segment.segment_path(self.segments_directory, s.name)) for s in group]
-        )
+        ).cast(self.manifest.schema)  # Parquet keeps timestamp[s] as [ms]: back to the schema
         name = segment.new_segment_name(int(group[0].name[:12]), int(group[-1].name[13:25]))
         return segment.write_segment(
             self.segments_directory,

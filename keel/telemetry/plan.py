@@ -20,6 +20,7 @@ import duckdb
 import orjson
 import pyarrow as pa
 
+from keel.telemetry import times
 from keel.telemetry.schema import TelemetryQueryError
 from keel.telemetry.sidecar import Equals, Like, Predicate, TimeRange
 
@@ -32,9 +33,7 @@ _COMPARISONS = {
 }
 _FLIPPED = {"=": "=", ">": "<", ">=": "<=", "<": ">", "<=": ">="}
 _CONSTANT_FUNCTIONS = {"to_timestamp", "make_timestamp", "epoch_ms", "strptime", "concat"}
-_SLACK_NS = (
-    1_000  # time bounds are widened by 1 us: a constant finer than the column never drops a row
-)
+_SLACK_US = 1  # time bounds are widened by 1 us: a constant finer than that never drops a row
 COUNT_COLUMN = "__keel_count"
 COUNTS_TABLE = "__keel_counts"
 
@@ -63,9 +62,16 @@ class QueryPlan:
     count: CountPlan | None = None
 
 
-def parse(connection: duckdb.DuckDBPyConnection, sql: str) -> dict[str, Any]:
-    """DuckDB's syntax tree of one SELECT statement; TelemetryQueryError otherwise."""
-    tree = orjson.loads(connection.execute("SELECT json_serialize_sql(?)", [sql]).fetchall()[0][0])
+def parse(connection: duckdb.DuckDBPyConnection, sql: str) -> dict[str, Any] | None:
+    """DuckDB's syntax tree of one SELECT statement; TelemetryQueryError otherwise. None when
+    the tree nests deeper than the JSON reader allows (orjson: 1,024 levels, e.g. a sum of ~500
+    terms): the query is then checked with DuckDB's parser and run unplanned."""
+    text = connection.execute("SELECT json_serialize_sql(?)", [sql]).fetchall()[0][0]
+    try:
+        tree = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        _check_one_select(connection, sql)
+        return None
     if tree.get("error"):
         message = tree.get("error_message", "cannot parse the query")
         if "Only SELECT" in message:
@@ -76,6 +82,17 @@ def parse(connection: duckdb.DuckDBPyConnection, sql: str) -> dict[str, Any]:
     return tree
 
 
+def _check_one_select(connection: duckdb.DuckDBPyConnection, sql: str) -> None:
+    try:
+        statements = connection.extract_statements(sql)
+    except duckdb.Error as error:
+        raise TelemetryQueryError(f"bad query: {str(error).strip().splitlines()[0]}") from None
+    if len(statements) != 1:
+        raise TelemetryQueryError("send exactly one SELECT statement per query")
+    if statements[0].type != duckdb.StatementType.SELECT:
+        raise TelemetryQueryError("only SELECT queries can be run against the telemetry store")
+
+
 def plan_query(
     connection: duckdb.DuckDBPyConnection,
     sql: str,
@@ -84,6 +101,9 @@ def plan_query(
 ) -> QueryPlan:
     """The namespaces `sql` reads (those among `schemas`), their columns and predicates."""
     tree = parse(connection, sql)
+    if tree is None:  # too deep to walk: every namespace it names is read whole, all columns
+        names = connection.get_table_names(sql)
+        return QueryPlan({name: TableScan(name) for name in sorted(names & set(schemas))})
     node = tree["statements"][0]["node"]
     names = {
         n["table_name"]
@@ -126,13 +146,15 @@ def plan_query(
 
 
 def _walk(node: Any):
-    if isinstance(node, dict):
-        yield node
-        for value in node.values():
-            yield from _walk(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _walk(value)
+    """Every dict in the tree, parents first (a stack, not recursion: trees can be deep)."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            yield item
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
 
 
 def _single_table(node: dict[str, Any]) -> str | None:
@@ -145,9 +167,15 @@ def _single_table(node: dict[str, Any]) -> str | None:
 
 
 def _conjuncts(expression: dict[str, Any]) -> list[dict[str, Any]]:
-    if expression.get("type") == "CONJUNCTION_AND":
-        return [part for child in expression["children"] for part in _conjuncts(child)]
-    return [expression]
+    """The terms of a top-level AND, in order (a stack, not recursion)."""
+    parts, stack = [], [expression]
+    while stack:
+        item = stack.pop()
+        if item.get("type") == "CONJUNCTION_AND":
+            stack.extend(reversed(item["children"]))
+        else:
+            parts.append(item)
+    return parts
 
 
 def _column(expression: dict[str, Any], schema: pa.Schema, node: dict[str, Any]) -> str | None:
@@ -185,7 +213,8 @@ def _constant_text(sql: str, expression: dict[str, Any]) -> str | None:
 
 
 def _evaluate(connection: duckdb.DuckDBPyConnection, text: str, cast: str | None = None) -> Any:
-    expression = f"({text})" if cast is None else f"epoch_ns(CAST(({text}) AS {cast}))"
+    """The constant `text`'s value (with `cast`: as epoch microseconds; None if it fails)."""
+    expression = f"({text})" if cast is None else f"epoch_us(CAST(({text}) AS {cast}))"
     try:
         return connection.execute(f"SELECT {expression}").fetchall()[0][0]
     except duckdb.Error:
@@ -255,7 +284,7 @@ def _predicate(
         high = _time_range(connection, schema, time_column, "<=", high_text)
         if low is None or high is None:
             return None
-        return TimeRange(time_column, low=low.low, high=high.high)
+        return TimeRange(time_column, low.unit, low=low.low, high=high.high)
     if kind == "FUNCTION":
         return _pattern(expression, schema, node)
     return None
@@ -285,13 +314,21 @@ def _pattern(expression: dict[str, Any], schema: pa.Schema, node: dict[str, Any]
 def _time_range(
     connection: duckdb.DuckDBPyConnection, schema: pa.Schema, column: str, operator: str, text: str
 ) -> TimeRange | None:
+    """The comparison `column <operator> text` as a TimeRange in the column's unit, widened
+    outwards (never narrower than DuckDB's answer), or None if `text` is not a time constant."""
     kind = schema.field(column).type
     value = _evaluate(connection, text, "TIMESTAMPTZ" if kind.tz else "TIMESTAMP")
     if not isinstance(value, int):
         return None
-    low = value - _SLACK_NS if operator in (">", ">=", "=") else None
-    high = value + _SLACK_NS if operator in ("<", "<=", "=") else None
-    return TimeRange(column, low=low, high=high)
+    low_us = value - _SLACK_US if operator in (">", ">=", "=") else None
+    high_us = value + _SLACK_US if operator in ("<", "<=", "=") else None
+    low, high = times.to_unit_bounds(low_us, high_us, kind.unit)
+    return TimeRange(
+        column,
+        kind.unit,
+        low=low if low_us is not None else None,
+        high=high if high_us is not None else None,
+    )
 
 
 def _count_plan(
@@ -326,14 +363,17 @@ def _count_plan(
                 return None
         elif not _is_count_star(item):
             return None
-    rewritten = copy.deepcopy(tree)
-    top = rewritten["statements"][0]["node"]
-    total = _sum_counts_node(connection)
-    _replace_counts(top, total)
-    top["from_table"]["table_name"] = COUNTS_TABLE
-    top["from_table"]["qualified_name"] = {"path": [COUNTS_TABLE]}
+    try:
+        rewritten = copy.deepcopy(tree)
+        top = rewritten["statements"][0]["node"]
+        _replace_counts(top, _sum_counts_node(connection))
+        top["from_table"]["table_name"] = COUNTS_TABLE
+        top["from_table"]["qualified_name"] = {"path": [COUNTS_TABLE]}
+        encoded = orjson.dumps(rewritten).decode()
+    except (RecursionError, orjson.JSONEncodeError):
+        return None  # too deep to copy or encode (orjson writes 255 levels): counted by a scan
     rewritten_sql = connection.execute(
-        "SELECT json_deserialize_sql(?::JSON)", [orjson.dumps(rewritten).decode()]
+        "SELECT json_deserialize_sql(?::JSON)", [encoded]
     ).fetchall()[0][0]
     return CountPlan(namespace, group, rewritten_sql)
 
@@ -356,16 +396,19 @@ def _sum_counts_node(connection: duckdb.DuckDBPyConnection) -> dict[str, Any]:
 
 def _replace_counts(node: Any, total: dict[str, Any]) -> None:
     """Replace every count(*) in the tree by sum(__keel_count), keeping its output name."""
-    if isinstance(node, dict):
-        slots = list(node.items())
-    elif isinstance(node, list):
-        slots = list(enumerate(node))
-    else:
-        return
-    for slot, value in slots:
-        if isinstance(value, dict) and _is_count_star(value):
-            replacement = copy.deepcopy(total)
-            replacement["alias"] = value.get("alias") or "count_star()"
-            node[slot] = replacement
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            slots = list(item.items())
+        elif isinstance(item, list):
+            slots = list(enumerate(item))
         else:
-            _replace_counts(value, total)
+            continue
+        for slot, value in slots:
+            if isinstance(value, dict) and _is_count_star(value):
+                replacement = copy.deepcopy(total)
+                replacement["alias"] = value.get("alias") or "count_star()"
+                item[slot] = replacement
+            else:
+                stack.append(value)

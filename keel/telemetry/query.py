@@ -240,7 +240,8 @@ def _create_view(
         else:
             groups = np.flatnonzero(keep).tolist()
             report.row_groups_read += len(groups)
-            pieces.append(pq.ParquetFile(path).read_row_groups(groups, columns=columns))
+            piece = pq.ParquetFile(path).read_row_groups(groups, columns=columns)
+            pieces.append(piece.cast(pa.schema([schema.field(c) for c in columns])))
     pieces.extend(table.select(columns) for table in snapshot.pending)
     selected = ", ".join(_quote(c) for c in columns)
     parts = []

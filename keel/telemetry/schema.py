@@ -15,42 +15,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from keel.core.errors import UsageError
+from keel.telemetry import times
+from keel.telemetry.errors import QueryLimitError as QueryLimitError
+from keel.telemetry.errors import QueryLimits as QueryLimits
+from keel.telemetry.errors import StoreBusyError as StoreBusyError
+from keel.telemetry.errors import TelemetryInputError as TelemetryInputError
+from keel.telemetry.errors import TelemetryQueryError as TelemetryQueryError
 
 NAMESPACE_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,62}(\.[a-z][a-z0-9_]{0,62}){0,7}")
-
-
-class TelemetryInputError(UsageError):
-    """Rows or a namespace that the store refuses; nothing of the request was stored."""
-
-
-class TelemetryQueryError(UsageError):
-    """A query that DuckDB cannot run (bad SQL, an unknown table or column)."""
-
-
-class QueryLimitError(TelemetryQueryError):
-    """A query that ran past one of its QueryLimits (rows, bytes or seconds); nothing returned."""
-
-
-@dataclass(frozen=True)
-class QueryLimits:
-    """Caps on one query: rows and bytes (Arrow, uncompressed) of its result, and wall-clock
-    seconds from planning to the last result batch. A query over a cap raises QueryLimitError."""
-
-    max_rows: int = 1_000_000
-    max_bytes: int = 256 << 20
-    timeout_seconds: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.max_rows < 0 or self.max_bytes < 0 or not self.timeout_seconds > 0:
-            raise TelemetryInputError(
-                f"query limits must be positive: max_rows={self.max_rows}, "
-                f"max_bytes={self.max_bytes}, timeout_seconds={self.timeout_seconds}"
-            )
-
-
-class StoreBusyError(UsageError):
-    """Another live process holds the store's writer lock."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +35,8 @@ class NamespaceOptions:
     bloom_columns: string columns with trigram Bloom filters for LIKE. key_columns: columns with
     exact postings (value -> row groups). count_columns: low-cardinality columns with value counts
     per row group. retention_days: segments whose newest row is older are dropped by compaction.
+    time_unit: how epoch numbers sent for a time column are read (s, ms, us or ns since 1970);
+    None: they are refused (send ISO-8601 text or Arrow timestamps).
     """
 
     time_column: str | None = None
@@ -71,6 +45,10 @@ class NamespaceOptions:
     key_columns: tuple[str, ...] | None = None
     count_columns: tuple[str, ...] | None = None
     retention_days: float | None = None
+    time_unit: str | None = None
+
+    def __post_init__(self) -> None:
+        times.check_time_unit(self.time_unit)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +58,7 @@ class NamespaceOptions:
             "key_columns": _listed(self.key_columns),
             "count_columns": _listed(self.count_columns),
             "retention_days": self.retention_days,
+            "time_unit": self.time_unit,
         }
 
     @classmethod
@@ -91,6 +70,7 @@ class NamespaceOptions:
             key_columns=_tupled(data.get("key_columns")),
             count_columns=_tupled(data.get("count_columns")),
             retention_days=data.get("retention_days"),
+            time_unit=data.get("time_unit"),
         )
 
 
@@ -142,28 +122,41 @@ def infer_schema(data: pa.Table) -> pa.Schema:
     return pa.schema(fields)
 
 
-def to_table(data: Any, schema: pa.Schema | None) -> pa.Table:
+def to_table(data: Any, schema: pa.Schema | None, time_unit: str | None = None) -> pa.Table:
     """Rows as an Arrow table in `schema` (or as sent, when the namespace is new).
 
-    `data`: a pa.Table, a pa.RecordBatch, or a list of row dicts (JSON). Raises TelemetryInputError
-    naming the first column that does not fit.
+    `data`: a pa.Table, a pa.RecordBatch, or a list of row dicts (JSON). `time_unit`: how epoch
+    numbers in time columns are read (None: refused). Raises TelemetryInputError naming the first
+    column that does not fit: an unknown or repeated column, a value of another type, a time
+    outside 0001-01-01 .. 9999-12-31.
     """
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if isinstance(data, list):
-        data = _rows_to_table(data, schema)
+        data = _rows_to_table(data, schema, time_unit)
     if not isinstance(data, pa.Table):
         raise TelemetryInputError(
             f"cannot write {type(data).__name__}: send an Arrow table or a list of row objects"
         )
     if data.num_rows and not data.num_columns:
         raise TelemetryInputError("rows without columns: send at least one column")
+    repeated = sorted({n for n in data.column_names if data.column_names.count(n) > 1})
+    if repeated:
+        raise TelemetryInputError(
+            f"column {repeated[0]!r} appears {data.column_names.count(repeated[0])} times: "
+            "send each column once"
+        )
     if schema is None:
-        return data.cast(infer_schema(data)) if data.num_columns else data
-    return _conform(data, schema)
+        data = data.cast(infer_schema(data)) if data.num_columns else data
+    else:
+        data = _conform(data, schema, time_unit)
+    for field in data.schema:
+        if pa.types.is_timestamp(field.type):
+            times.check_times(field.name, data.column(field.name))
+    return data
 
 
-def _rows_to_table(rows: list[Any], schema: pa.Schema | None) -> pa.Table:
+def _rows_to_table(rows: list[Any], schema: pa.Schema | None, time_unit: str | None) -> pa.Table:
     columns: dict[str, list[Any]] = {}
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
@@ -180,8 +173,33 @@ def _rows_to_table(rows: list[Any], schema: pa.Schema | None) -> pa.Table:
         target = schema.field(key).type if schema is not None else None
         if target is None and _names_a_time(key):
             target = pa.timestamp("us")  # a new namespace: ISO text or epoch numbers become times
-        arrays[key] = _json_column(key, values, target)
+        epochs = None
+        if target is not None and pa.types.is_timestamp(target):
+            epochs = _epochs_read(key, values, time_unit, target)
+        arrays[key] = epochs if epochs is not None else _json_column(key, values, target)
     return pa.table(arrays) if arrays else pa.table({})
+
+
+def _epochs_read(
+    name: str, values: list[Any], time_unit: str | None, target: pa.TimestampType
+) -> pa.Array | None:
+    """A JSON time column holding epoch numbers as `target` timestamps (None: it holds none).
+    Numbers are read in `time_unit` (refused without one); text is parsed as ISO-8601."""
+    numeric = [isinstance(v, int | float) and not isinstance(v, bool) for v in values]
+    if not any(numeric):
+        return None
+    counts: list[Any] = [None] * len(values)
+    text = []
+    for i, (value, is_number) in enumerate(zip(values, numeric, strict=True)):
+        if is_number:
+            counts[i] = times.epoch_to_target(name, value, time_unit, target)
+        elif value is not None:
+            text.append(i)
+    if text:
+        parsed = _json_column(name, [values[i] for i in text], target).cast(pa.int64())
+        for i, count in zip(text, parsed.to_pylist(), strict=True):
+            counts[i] = count
+    return pa.array(counts, pa.int64()).cast(target)
 
 
 def _names_a_time(column: str) -> bool:
@@ -210,7 +228,7 @@ def _json_column(name: str, values: list[Any], target: pa.DataType | None) -> pa
         ) from None
 
 
-def _conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
+def _conform(data: pa.Table, schema: pa.Schema, time_unit: str | None) -> pa.Table:
     unknown = [name for name in data.column_names if name not in schema.names]
     if unknown:
         raise TelemetryInputError(f"column {unknown[0]!r} is not in the namespace's schema")
@@ -222,6 +240,8 @@ def _conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
             columns.append(pa.nulls(data.num_rows, field.type))
             continue
         column = data.column(field.name)
+        if pa.types.is_timestamp(field.type) and pa.types.is_integer(column.type):
+            column = times.integers_to_times(field.name, column, time_unit, field.type)
         if column.type != field.type:
             if not _castable(column.type, field.type):
                 raise TelemetryInputError(
@@ -240,8 +260,8 @@ def _conform(data: pa.Table, schema: pa.Schema) -> pa.Table:
 
 def _castable(source: pa.DataType, target: pa.DataType) -> bool:
     """Whether a value of `source` may be stored as `target`: the same kind of value (numbers
-    widened, strings in any encoding, timestamps given as timestamps, ISO text or epoch numbers),
-    never a number as text or text as a number."""
+    widened, strings in any encoding, timestamps given as timestamps or ISO text), never a number
+    as text or text as a number. Epoch numbers are read before this, in a declared time unit."""
     types = pa.types
     if types.is_dictionary(source):
         source = source.value_type
@@ -255,10 +275,7 @@ def _castable(source: pa.DataType, target: pa.DataType) -> bool:
         return types.is_string(source) or types.is_large_string(source)
     if types.is_timestamp(target):
         return (
-            types.is_timestamp(source)
-            or types.is_string(source)
-            or types.is_large_string(source)
-            or types.is_integer(source)
+            types.is_timestamp(source) or types.is_string(source) or types.is_large_string(source)
         )
     return source == target
 

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from keel.core import paths
+from keel.telemetry import times
 from keel.telemetry.manifest import SegmentEntry
 from keel.telemetry.schema import NamespaceOptions
 from keel.telemetry.sidecar import SegmentIndex, build_index, save_index
@@ -119,18 +120,21 @@ def write_segment(
         bytes=final.stat().st_size,
         checksum=checksum,
         row_groups=len(group_rows),
-        min_time=_time_or_none(index.time_min, min),
-        max_time=_time_or_none(index.time_max, max),
+        min_time=_time_or_none(index.time_min, index.time_unit, min),
+        max_time=_time_or_none(index.time_max, index.time_unit, max),
     )
     return entry, index
 
 
-def rebuild_index(directory: Path, entry: SegmentEntry, options: NamespaceOptions) -> SegmentIndex:
+def rebuild_index(
+    directory: Path, entry: SegmentEntry, options: NamespaceOptions, schema: pa.Schema
+) -> SegmentIndex:
     """Index an existing segment again (its sidecar was missing or did not match)."""
     path = segment_path(directory, entry.name)
     parquet = pq.ParquetFile(path)
     group_rows = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
-    index = build_index(parquet.read(), group_rows, options, entry.checksum)
+    table = parquet.read().cast(schema)  # Parquet keeps timestamp[s] as [ms]: back to the schema
+    index = build_index(table, group_rows, options, entry.checksum)
     save_index(index_path(directory, entry.name), index)
     return index
 
@@ -139,8 +143,9 @@ def new_segment_name(first_generation: int, last_generation: int) -> str:
     return f"{first_generation:012d}-{last_generation:012d}-{uuid.uuid4().hex[:8]}"
 
 
-def _time_or_none(values, pick) -> int | None:
-    if values is None:
+def _time_or_none(values: np.ndarray | None, unit: str | None, pick) -> int | None:
+    """The segment's earliest or latest time in epoch nanoseconds (clamped to int64)."""
+    if values is None or unit is None:
         return None
     present = [int(v) for v in values if v not in (2**63 - 1, -(2**63))]
-    return pick(present) if present else None
+    return times.to_nanoseconds(pick(present), unit) if present else None

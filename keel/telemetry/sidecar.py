@@ -37,6 +37,8 @@ COUNT_MAX_VALUES = 256  # a column with at most this many distinct values gets v
 POSTINGS_MAX_VALUES = 65_536
 POSTINGS_MAX_MEAN_BYTES = 32  # ids get postings; long text (messages) gets Bloom filters
 BLOOM_MIN_MEAN_BYTES = 12
+KEY_MAX_VALUE_BYTES = 1_024  # longer values get no postings and no value counts
+BLOOM_MAX_VALUE_BYTES = 64 << 10  # longer values add no trigrams to a Bloom filter
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,10 @@ class Like:
 
 @dataclass(frozen=True)
 class TimeRange:
-    """low <(=) column <(=) high, in epoch nanoseconds; None = unbounded."""
+    """low <(=) column <(=) high, in epoch counts of `unit` (the column's); None = unbounded."""
 
     column: str
+    unit: str
     low: int | None = None
     high: int | None = None
     low_inclusive: bool = True
@@ -72,13 +75,18 @@ class SegmentIndex:
     checksum: str
     row_group_rows: np.ndarray  # int64 [row groups]
     time_column: str | None = None
-    time_min: np.ndarray | None = None  # int64 ns [row groups]; an all-null group: max int64
+    time_unit: str | None = None  # the time column's own unit: bounds never overflow
+    time_min: np.ndarray | None = None  # int64 [row groups] in time_unit; all-null: max int64
     time_max: np.ndarray | None = None
     blooms: dict[str, tuple[int, np.ndarray]] = field(
         default_factory=dict
     )  # bits, uint8 [rg, bits/8]
     postings: dict[str, dict[Any, np.ndarray]] = field(default_factory=dict)  # value -> rg ids
     counts: dict[str, tuple[list[Any], np.ndarray]] = field(default_factory=dict)  # [values, rg]
+    # Row groups holding a value too long for the column's postings or Bloom filters (bool [rg]):
+    # always candidates for a lookup there, so the index stays small and never drops a match.
+    postings_overlong: dict[str, np.ndarray] = field(default_factory=dict)
+    blooms_overlong: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def row_groups(self) -> int:
@@ -102,7 +110,11 @@ class SegmentIndex:
     def _may_match(self, predicate: Predicate) -> np.ndarray:
         everything = np.ones(self.row_groups, dtype=bool)
         if isinstance(predicate, TimeRange):
-            if predicate.column != self.time_column or self.time_min is None:
+            if (
+                predicate.column != self.time_column
+                or predicate.unit != self.time_unit
+                or self.time_min is None
+            ):
                 return everything
             keep = everything.copy()
             if predicate.low is not None:
@@ -122,13 +134,14 @@ class SegmentIndex:
             if predicate.column not in self.blooms:
                 return everything
             bits, filters = self.blooms[predicate.column]
-            return trigram.may_contain(filters, bits, trigram.pattern_trigrams(predicate.pattern))
+            keep = trigram.may_contain(filters, bits, trigram.pattern_trigrams(predicate.pattern))
+            return keep | self._overlong(self.blooms_overlong, predicate.column)
         if predicate.column in self.counts:
             values, counts = self.counts[predicate.column]
             rows = [values.index(v) for v in predicate.values if v is not None and v in values]
             return counts[rows].sum(axis=0) > 0 if rows else ~everything
         if predicate.column in self.postings:
-            keep = ~everything
+            keep = self._overlong(self.postings_overlong, predicate.column).copy()
             for value in predicate.values:
                 groups = self.postings[predicate.column].get(value)
                 if groups is not None:
@@ -136,12 +149,16 @@ class SegmentIndex:
             return keep
         if predicate.column in self.blooms and all(isinstance(v, str) for v in predicate.values):
             bits, filters = self.blooms[predicate.column]
-            keep = ~everything
+            keep = self._overlong(self.blooms_overlong, predicate.column).copy()
             for value in predicate.values:
                 needle = trigram.trigrams(np.frombuffer(value.encode("utf-8"), dtype=np.uint8))
                 keep |= trigram.may_contain(filters, bits, np.unique(needle))
             return keep
         return everything
+
+    def _overlong(self, masks: dict[str, np.ndarray], column: str) -> np.ndarray:
+        mask = masks.get(column)
+        return mask if mask is not None else np.zeros(self.row_groups, dtype=bool)
 
 
 def build_index(
@@ -153,14 +170,19 @@ def build_index(
     group_of_row = np.repeat(np.arange(len(sizes)), sizes)
     index = SegmentIndex(checksum=checksum, row_group_rows=sizes, time_column=options.time_column)
     if options.time_column is not None:
-        index.time_min, index.time_max = _time_bounds(table.column(options.time_column), bounds)
+        column = table.column(options.time_column)
+        index.time_unit = column.type.unit
+        index.time_min, index.time_max = _time_bounds(column, bounds)
     indexable = [f.name for f in table.schema if _is_key_type(f.type)]
+    longest = {name: _longest_value(table.column(name)) for name in table.schema.names}
     distinct = {
         name: pc.count_distinct(table.column(name), mode="all").as_py() for name in indexable
     }
     count_columns = options.count_columns
     if count_columns is None:
         count_columns = [n for n in indexable if distinct[n] <= COUNT_MAX_VALUES]
+    # Value counts must hold every value exactly (they answer GROUP BY): none with a long one.
+    count_columns = [n for n in count_columns if longest[n] <= KEY_MAX_VALUE_BYTES]
     key_columns = options.key_columns
     if key_columns is None:
         limit = min(POSTINGS_MAX_VALUES, max(1, table.num_rows // 4))
@@ -184,9 +206,15 @@ def build_index(
     for name in count_columns:
         index.counts[name] = _value_counts(table.column(name), group_of_row, len(sizes))
     for name in key_columns:
-        index.postings[name] = _postings(table.column(name), group_of_row, len(sizes))
+        column, overlong = _without_long(table.column(name), KEY_MAX_VALUE_BYTES, bounds)
+        index.postings[name] = _postings(column, group_of_row, len(sizes))
+        if overlong is not None:
+            index.postings_overlong[name] = overlong
     for name in bloom_columns:
-        index.blooms[name] = _blooms(table.column(name), bounds)
+        column, overlong = _without_long(table.column(name), BLOOM_MAX_VALUE_BYTES, bounds)
+        index.blooms[name] = _blooms(column, bounds)
+        if overlong is not None:
+            index.blooms_overlong[name] = overlong
     return index
 
 
@@ -204,6 +232,7 @@ def save_index(path: Path, index: SegmentIndex) -> None:
         if index.time_min is None
         else {
             "column": index.time_column,
+            "unit": index.time_unit,
             "min": index.time_min.tolist(),
             "max": index.time_max.tolist(),
         },
@@ -215,6 +244,10 @@ def save_index(path: Path, index: SegmentIndex) -> None:
         "counts": {
             name: {"values": values, "counts": counts.tolist()}
             for name, (values, counts) in index.counts.items()
+        },
+        "overlong": {
+            "postings": {n: np.flatnonzero(m).tolist() for n, m in index.postings_overlong.items()},
+            "blooms": {n: np.flatnonzero(m).tolist() for n, m in index.blooms_overlong.items()},
         },
     }
     header_bytes = orjson.dumps(header)
@@ -244,6 +277,8 @@ def load_index(path: Path, checksum: str) -> SegmentIndex | None:
     header = orjson.loads(data[start : start + length])
     if header["checksum"] != checksum:
         return None
+    if "overlong" not in header:
+        return None  # from before time bounds kept their column's unit (ns overflowed): rebuild
     blob = np.frombuffer(
         data, dtype=np.uint8, offset=start + length, count=len(body) - start - length
     )
@@ -251,6 +286,7 @@ def load_index(path: Path, checksum: str) -> SegmentIndex | None:
     index = SegmentIndex(checksum=checksum, row_group_rows=sizes)
     if header["time"] is not None:
         index.time_column = header["time"]["column"]
+        index.time_unit = header["time"]["unit"]
         index.time_min = np.asarray(header["time"]["min"], dtype=np.int64)
         index.time_max = np.asarray(header["time"]["max"], dtype=np.int64)
     for name, spec in header["blooms"].items():
@@ -262,6 +298,13 @@ def load_index(path: Path, checksum: str) -> SegmentIndex | None:
         }
     for name, spec in header["counts"].items():
         index.counts[name] = (spec["values"], np.asarray(spec["counts"], dtype=np.int64))
+    for kind, masks in (
+        ("postings", index.postings_overlong),
+        ("blooms", index.blooms_overlong),
+    ):
+        for name, groups in header["overlong"][kind].items():
+            masks[name] = np.zeros(len(sizes), dtype=bool)
+            masks[name][np.asarray(groups, dtype=np.int64)] = True
     return index
 
 
@@ -276,8 +319,29 @@ def _mean_bytes(column: pa.ChunkedArray) -> float:
     return trigram.utf8_bytes(column.combine_chunks()).size / valid if valid else 0.0
 
 
+def _longest_value(column: pa.ChunkedArray) -> int:
+    """Bytes of the column's longest string or binary value (0 for other types)."""
+    kind = column.type
+    if not (pa.types.is_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_string(kind)):
+        return 0
+    return pc.max(pc.binary_length(column)).as_py() or 0
+
+
+def _without_long(
+    column: pa.ChunkedArray, max_bytes: int, bounds: np.ndarray
+) -> tuple[pa.ChunkedArray, np.ndarray | None]:
+    """The column with values over `max_bytes` nulled, and which row groups held one (bool
+    [row groups]; None when none did)."""
+    if _longest_value(column) <= max_bytes:
+        return column, None
+    long = pc.fill_null(pc.greater(pc.binary_length(column), max_bytes), False)
+    rows = np.asarray(long.combine_chunks() if isinstance(long, pa.ChunkedArray) else long)
+    overlong = np.logical_or.reduceat(rows, bounds[:-1]) if rows.size else rows
+    return pc.if_else(long, pa.scalar(None, column.type), column), overlong.astype(bool)
+
+
 def _time_bounds(column: pa.ChunkedArray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    unit_ns = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}[column.type.unit]
+    """Per row group [min, max] of a time column, in its own unit (int64 [row groups] each)."""
     values = column.combine_chunks().cast(pa.int64())
     numbers = values.to_numpy(zero_copy_only=False)
     valid = ~np.asarray(values.is_null())
@@ -286,8 +350,8 @@ def _time_bounds(column: pa.ChunkedArray, bounds: np.ndarray) -> tuple[np.ndarra
     for group, (start, stop) in enumerate(itertools.pairwise(bounds)):
         present = numbers[start:stop][valid[start:stop]]
         if present.size:
-            low[group] = present.min() * unit_ns
-            high[group] = present.max() * unit_ns
+            low[group] = present.min()
+            high[group] = present.max()
     return low, high
 
 

@@ -45,6 +45,7 @@ from keel.telemetry.schema import (
     to_table,
 )
 from keel.telemetry.sidecar import SegmentIndex, load_index
+from keel.telemetry.times import check_time_unit
 
 logger = logging.getLogger(__name__)
 LOCK_FILE = ".writer.lock"
@@ -103,21 +104,34 @@ class TelemetryStore:
                 return
             self._new_namespace(namespace, schema, options)
 
-    def write(self, namespace: str, data: pa.Table | pa.RecordBatch | list[dict[str, Any]]) -> int:
-        """Append rows; return how many. They are durable (fsynced) when this returns."""
+    def write(
+        self,
+        namespace: str,
+        data: pa.Table | pa.RecordBatch | list[dict[str, Any]],
+        *,
+        time_unit: str | None = None,
+    ) -> int:
+        """Append rows; return how many. They are durable (fsynced) when this returns.
+
+        `time_unit` (s, ms, us, ns): how epoch numbers in time columns are read, when the
+        namespace declares none; a namespace this write creates records it."""
         check_namespace(namespace)
+        check_time_unit(time_unit)
         self._ensure_writer()
         with self._state:
             space = self._spaces.get(namespace)
-        table = to_table(data, space.manifest.schema if space else None)
+        if space is not None:
+            time_unit = _write_unit(namespace, space.manifest.options.time_unit, time_unit)
+        table = to_table(data, space.manifest.schema if space else None, time_unit)
         if table.num_rows == 0:
             return 0
         if space is None:
             with self._state:
                 space = self._spaces.get(namespace) or self._new_namespace(
-                    namespace, table.schema, None
+                    namespace, table.schema, NamespaceOptions(time_unit=time_unit)
                 )
-            table = to_table(table, space.manifest.schema)
+            time_unit = _write_unit(namespace, space.manifest.options.time_unit, time_unit)
+            table = to_table(table, space.manifest.schema, time_unit)
         with self._state:
             while (
                 sum(g.bytes for g in space.sealed) >= self.options.max_pending_bytes
@@ -430,7 +444,10 @@ class TelemetryStore:
                     )
                 if entry is not None:
                     index = segment.rebuild_index(
-                        space.directory / "segments", entry, space.manifest.options
+                        space.directory / "segments",
+                        entry,
+                        space.manifest.options,
+                        space.manifest.schema,
                     )
                     self._indexes[(namespace, name)] = index
                 with self._state:
@@ -480,3 +497,13 @@ class TelemetryStore:
     def _raise_failure(self) -> None:
         if self._failure is not None:
             raise RuntimeError("the telemetry store's background work failed") from self._failure
+
+
+def _write_unit(namespace: str, declared: str | None, given: str | None) -> str | None:
+    """The unit a write's epoch numbers are read in: the namespace's, or the one given."""
+    if given is not None and declared is not None and given != declared:
+        raise TelemetryInputError(
+            f"namespace {namespace} reads epoch numbers as {declared}, not {given}: "
+            f"send them in {declared} (or as ISO-8601 text)"
+        )
+    return declared or given
