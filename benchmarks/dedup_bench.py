@@ -38,6 +38,13 @@ work alone (imports excluded, worker start-up included), contenders interleaved.
 
     pip install "datatrove[processing,io]"   # only to measure; not a keel dependency
     python benchmarks/dedup_bench.py [--repeats 3] [--out DIR]
+    python benchmarks/dedup_bench.py --smoke  # what CI runs: seconds, no shared data
+
+--smoke: the labelled set built from the first SMOKE_ARTICLES of the WikiText-2 articles bundled
+with keel (~280 documents; ../shared/datasets is not read), 1 repeat, every contender as above
+(datatrove skipped, with one line, when it is not installed), the table printed. Without --out,
+the input and the contenders' work directories live in a temporary directory that is removed at
+the end.
 """
 
 from __future__ import annotations
@@ -52,7 +59,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import unicodedata
 from collections import Counter
@@ -62,15 +68,19 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from measure import Peer, runnable_contenders, scratch_directory
 
 REPO = Path(__file__).resolve().parents[1]
-WIKITEXT = Path("/work/shared/datasets/wikitext2")
+WIKITEXT = REPO.parent / "shared" / "datasets" / "wikitext2"
 SAMPLE = REPO / "keel" / "experiments" / "sample" / "wikitext2.jsonl.gz"
 NGRAM = 5
 THRESHOLD = 0.8
 WORKERS = 2
 FILES = 2
+SMOKE_ARTICLES = 15
+"""Bundled articles a smoke run uses: ~280 documents, their ground truth built in ~0.2 s."""
 CONTENDERS = ("keel", "keel-warm", "datatrove")
+PEERS = {"datatrove": Peer("datatrove", 'pip install "datatrove[processing,io]"')}
 _TITLE = re.compile(r"^ = ([^=].*) = $")
 
 
@@ -500,8 +510,11 @@ def table(labelled: LabelledSet, results: dict[str, list[dict]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None, help="scratch directory")
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (--smoke: 1)")
+    parser.add_argument("--out", type=Path, default=None, help="scratch directory (kept)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="the bundled sample, 1 repeat, missing peers skipped"
+    )
     parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--input", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -509,29 +522,35 @@ def main() -> None:
     if arguments.contender:
         contender_main(arguments.contender, arguments.input, arguments.work)
         return
-    scratch = arguments.out or Path(tempfile.mkdtemp(prefix="dedup-bench-"))
-    articles = articles_from_wikitext([WIKITEXT / "valid.txt", WIKITEXT / "test.txt"])
+    repeats = arguments.repeats or (1 if arguments.smoke else 3)
+    contenders = runnable_contenders(CONTENDERS, PEERS, arguments.smoke)
+    if arguments.smoke:
+        articles = articles_from_sample()[:SMOKE_ARTICLES]
+    else:
+        articles = articles_from_wikitext([WIKITEXT / "valid.txt", WIKITEXT / "test.txt"])
     labelled = build_labelled_set(articles)
-    source = scratch / "input"
-    shutil.rmtree(source, ignore_errors=True)
-    write_documents(labelled.rows, source)
-    kinds = Counter(row["source"].split("-")[0] for row in labelled.rows)
-    print(
-        f"{len(labelled.rows):,} documents from {len(articles)} articles ({dict(kinds)}), "
-        f"{len(labelled.duplicates):,} ground-truth duplicates"
-    )
-    results: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
-    for _ in range(arguments.repeats):
-        for name in CONTENDERS:
-            results[name].append(run_once(name, source, scratch))
+    with scratch_directory(arguments.out, "dedup-bench-") as scratch:
+        source = scratch / "input"
+        shutil.rmtree(source, ignore_errors=True)
+        write_documents(labelled.rows, source)
+        kinds = Counter(row["source"].split("-")[0] for row in labelled.rows)
+        print(
+            f"{len(labelled.rows):,} documents from {len(articles)} articles ({dict(kinds)}), "
+            f"{len(labelled.duplicates):,} ground-truth duplicates"
+        )
+        results: dict[str, list[dict]] = {name: [] for name in contenders}
+        for _ in range(repeats):
+            for name in contenders:
+                results[name].append(run_once(name, source, scratch))
     for name, runs in results.items():
         if any(set(run["removed"]) != set(runs[0]["removed"]) for run in runs):
             print(f"note: {name} removed different ids in different runs")
-    print(f"\n{versions()}\nmedians of {arguments.repeats} runs:\n")
+    print(f"\n{versions()}\nmedians of {repeats} runs:\n")
     print(table(labelled, results))
     keel = statistics.median(run["seconds"] for run in results["keel"])
-    datatrove = statistics.median(run["seconds"] for run in results["datatrove"])
-    print(f"\nkeel docs/s / datatrove docs/s: {datatrove / keel:.2f}x")
+    if "datatrove" in results:
+        datatrove = statistics.median(run["seconds"] for run in results["datatrove"])
+        print(f"\nkeel docs/s / datatrove docs/s: {datatrove / keel:.2f}x")
     for name, runs in results.items():
         seconds = ", ".join(f"{run['seconds']:.2f}" for run in runs)
         print(f"{name} runs (s): {seconds}")

@@ -18,9 +18,15 @@ What it measures, on ../shared/datasets/pydocs/pages.jsonl.gz (530 Sphinx pages 
   where any survives, and the surviving (page, string) pairs.
 - Empty: pages where the extractor returned nothing.
 
+    pip install "trafilatura>=2.0"   # only to measure; not a keel dependency
     python benchmarks/extract_bench.py [--pages 530] [--repeats 3] [--data PATH]
+    python benchmarks/extract_bench.py --smoke   # what CI runs: seconds, no shared data
 
 Prints a Markdown table (and the per-string boilerplate counts) to stdout.
+
+--smoke: the 30 pages bundled with keel (keel/experiments/sample/pydocs.jsonl.gz, the same kind
+of pages; ../shared/datasets is not read unless --data names it), 1 repeat, every extractor as
+above (trafilatura's two skipped, with one line, when it is not installed).
 """
 
 from __future__ import annotations
@@ -37,12 +43,14 @@ from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
 
-import trafilatura
+from measure import Peer, runnable_contenders
 from resiliparse.extract.html2text import extract_plain_text
 
 from keel.data.extract import extract_text
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/datasets/pydocs/pages.jsonl.gz"
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO.parent / "shared" / "datasets" / "pydocs" / "pages.jsonl.gz"
+SMOKE_DATA = REPO / "keel" / "experiments" / "sample" / "pydocs.jsonl.gz"
 NAVIGATION = (
     "Table of Contents",
     "Previous topic",
@@ -57,10 +65,14 @@ _TOKEN = re.compile(r"\w+")
 
 
 def _trafilatura(html: str, url: str) -> str | None:
+    import trafilatura  # a peer, not a keel dependency: imported when it runs
+
     return trafilatura.extract(html, url=url, include_comments=False)
 
 
 def _trafilatura_fast(html: str, url: str) -> str | None:
+    import trafilatura
+
     return trafilatura.extract(html, url=url, include_comments=False, fast=True)
 
 
@@ -74,6 +86,8 @@ EXTRACTORS: dict[str, Callable[[str, str], str | None]] = {
     "resiliparse 2 (main_content)": _resiliparse,
     "keel extract_text": extract_text,
 }
+TRAFILATURA = Peer("trafilatura", 'pip install "trafilatura>=2.0"')
+PEERS = {"trafilatura 2 (default)": TRAFILATURA, "trafilatura 2 (fast=True)": TRAFILATURA}
 
 
 class _MainText(HTMLParser):
@@ -174,23 +188,31 @@ the table of contents), not prose."""
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, default=None, help="pages (JSONL.gz of url, html)")
     parser.add_argument("--pages", type=int, default=None, help="first N pages (default: all)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (--smoke: 1)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="the bundled pages, 1 repeat, missing peers skipped"
+    )
     args = parser.parse_args()
+    data = args.data or (SMOKE_DATA if args.smoke else DEFAULT_DATA)
+    repeats = args.repeats or (1 if args.smoke else 3)
+    extractors = {
+        name: EXTRACTORS[name] for name in runnable_contenders(EXTRACTORS, PEERS, args.smoke)
+    }
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
-    with gzip.open(args.data, "rt", encoding="utf-8") as handle:
+    with gzip.open(data, "rt", encoding="utf-8") as handle:
         pages = [json.loads(line) for line in handle][: args.pages]
     megabytes = sum(len(p["html"].encode("utf-8")) for p in pages) / 1e6
     references, link_shares = zip(*(reference_text(p["html"]) for p in pages), strict=True)
     prose = [share <= LINK_LIST_SHARE for share in link_shares]
 
-    seconds: dict[str, list[float]] = {name: [] for name in EXTRACTORS}
+    seconds: dict[str, list[float]] = {name: [] for name in extractors}
     outputs: dict[str, list[str | None]] = {}
-    for _ in range(args.repeats):
-        for name, extract in EXTRACTORS.items():
+    for _ in range(repeats):
+        for name, extract in extractors.items():
             start = time.perf_counter()
             result = [extract(p["html"], p["url"]) for p in pages]
             seconds[name].append(time.perf_counter() - start)
@@ -198,7 +220,7 @@ def main() -> None:
 
     print(
         f"{len(pages)} pages ({sum(prose)} prose, {len(pages) - sum(prose)} link lists), "
-        f"{megabytes:.1f} MB of HTML, one core, median of {args.repeats} runs\n"
+        f"{megabytes:.1f} MB of HTML, one core, median of {repeats} runs\n"
     )
     print(
         "| extractor | pages/s | MB/s | precision (prose) | recall (prose) | F1 (prose) "
@@ -206,7 +228,7 @@ def main() -> None:
         "| pages with nav left | empty |"
     )
     print("| --- |" + " ---: |" * 10)
-    for name in EXTRACTORS:
+    for name in extractors:
         took = statistics.median(seconds[name])
         every = quality(outputs[name], list(references))
         good = quality(*_where(prose, outputs[name], references))
@@ -218,7 +240,7 @@ def main() -> None:
             f"| {every['leak_pages']} | {every['empty']} |"
         )
     print("\nNavigation strings left, by extractor:\n")
-    for name in EXTRACTORS:
+    for name in extractors:
         counts = leaked_strings(outputs[name], list(references))
         print(f"- {name}: " + (", ".join(f"{s!r} {n}" for s, n in counts.most_common()) or "none"))
 

@@ -22,7 +22,14 @@ How:
 - Every run's output is checked against the expected first occurrences: the same rows, ids and
   sources, so all contenders produce the same set.
 
+    pip install "polars>=1.0"   # only to measure; not a keel dependency
     python benchmarks/flow_bench.py [--docs 2000000] [--repeats 3] [--out DIR]
+    python benchmarks/flow_bench.py --smoke   # what CI runs: seconds
+
+--smoke: SMOKE_DOCS documents (~2 MB of text), 1 repeat, every contender as above (polars
+skipped, with one line, when it is not installed), each output checked, the table printed.
+Without --out, a smoke run generates its input in a temporary directory that is removed at the
+end; a full run caches it in /tmp/keel-flow-bench.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from measure import run_measured
+from measure import Peer, run_measured, runnable_contenders, scratch_directory
 
 FORMAT_VERSION = 1
 SEED = 20240611
@@ -55,6 +62,10 @@ TEXT_BYTES = 450
 VOCABULARY_WORDS = 8192
 SOURCE_LABELS = tuple(f"crawl-{n:02d}" for n in range(16))
 CONTENDERS = ("keel", "duckdb", "polars")
+PEERS = {"polars": Peer("polars", 'pip install "polars>=1.0"')}
+"""DuckDB is a keel dependency (the telemetry store's comparisons use it too): not a peer."""
+DEFAULT_OUT = Path("/tmp/keel-flow-bench")
+SMOKE_DOCS = 5_000
 THREADS = 2
 MB = 1_000_000
 
@@ -289,12 +300,12 @@ def check_output(name: str, target: Path, expected: pa.Table) -> None:
         raise SystemExit(f"{name}: some kept rows are not the first occurrence of their id")
 
 
-def benchmark(directory: Path, meta: dict, repeats: int) -> dict[str, list[dict]]:
+def benchmark(directory: Path, contenders: tuple[str, ...], repeats: int) -> dict[str, list[dict]]:
     glob = str(directory / "data" / "*.parquet")
     expected = pq.read_table(directory / "expected.parquet").sort_by("id")
-    runs: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
+    runs: dict[str, list[dict]] = {name: [] for name in contenders}
     for repeat in range(repeats):
-        for name in CONTENDERS:
+        for name in contenders:
             target = directory / "out" / name
             run = run_contender(name, glob, target)
             check_output(name, target, expected)
@@ -334,7 +345,7 @@ def table(summary: dict[str, dict]) -> str:
 def ratios(summary: dict[str, dict]) -> str:
     keel = summary["keel"]
     lines = []
-    for other in CONTENDERS[1:]:
+    for other in [name for name in summary if name != "keel"]:
         time_ratio = keel["seconds"] / summary[other]["seconds"]
         memory_ratio = keel["peak_tree_mb"] / summary[other]["peak_tree_mb"]
         lines.append(f"- keel/{other}: time {time_ratio:.2f}x, peak memory {memory_ratio:.2f}x")
@@ -348,23 +359,32 @@ def ratios(summary: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def versions() -> str:
-    import duckdb
-    import polars
+def versions(contenders: tuple[str, ...]) -> str:
+    from importlib.metadata import version
 
     memory = psutil.virtual_memory().total / 2**30
+    peers = "".join(f", {name} {version(name)}" for name in contenders if name != "keel")
     return (
         f"{os.cpu_count()} cores, {memory:.1f} GiB RAM, Python {platform.python_version()}, "
-        f"pyarrow {pa.__version__}, duckdb {duckdb.__version__}, polars {polars.__version__}"
+        f"pyarrow {pa.__version__}{peers}"
     )
 
 
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--docs", type=int, default=2_000_000, help="documents (rows) in total")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per contender")
     parser.add_argument(
-        "--out", type=Path, default=Path("/tmp/keel-flow-bench"), help="input cache and outputs"
+        "--docs",
+        type=int,
+        help=f"documents (rows) in total; default 2,000,000 (--smoke: {SMOKE_DOCS:,})",
+    )
+    parser.add_argument("--repeats", type=int, help="runs per contender; default 3 (--smoke: 1)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help=f"input cache and outputs; default {DEFAULT_OUT} (--smoke: a temporary directory)",
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny input, 1 repeat, missing peers skipped"
     )
     parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--glob", help=argparse.SUPPRESS)
@@ -377,23 +397,28 @@ def main() -> None:
     if arguments.contender:
         contender_main(arguments.contender, arguments.glob, arguments.target)
         return
-    meta = ensure_input(arguments.out, arguments.docs)
-    runs = benchmark(arguments.out, meta, arguments.repeats)
-    summary = {name: medians(runs[name], meta["docs"]) for name in CONTENDERS}
-    record = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": versions(),
-        "input": meta,
-        "summary": summary,
-        "runs": runs,
-    }
-    (arguments.out / "results.json").write_text(json.dumps(record, indent=1))
-    print(f"\n{versions()}")
+    smoke = arguments.smoke
+    docs = arguments.docs or (SMOKE_DOCS if smoke else 2_000_000)
+    repeats = arguments.repeats or (1 if smoke else 3)
+    contenders = runnable_contenders(CONTENDERS, PEERS, smoke)
+    with scratch_directory(arguments.out or (None if smoke else DEFAULT_OUT), "flow-bench-") as out:
+        meta = ensure_input(out, docs)
+        runs = benchmark(out, contenders, repeats)
+        summary = {name: medians(runs[name], meta["docs"]) for name in contenders}
+        record = {
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "machine": versions(contenders),
+            "input": meta,
+            "summary": summary,
+            "runs": runs,
+        }
+        (out / "results.json").write_text(json.dumps(record, indent=1))
+    print(f"\n{versions(contenders)}")
     print(
         f"input: {meta['docs']:,} docs ({meta['unique']:,} unique), "
         f"{meta['text_bytes'] / MB:,.0f} MB of text, {meta['file_bytes'] / MB:,.0f} MB of Parquet"
     )
-    print(f"medians of {arguments.repeats} runs:\n\n{table(summary)}\n\n{ratios(summary)}")
+    print(f"medians of {repeats} runs:\n\n{table(summary)}\n\n{ratios(summary)}")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,27 @@
-"""Run a benchmark contender in a child process and measure its peak memory.
+"""What the benchmark scripts share: running a contender in a child process and measuring its
+peak memory, the peers a run can use, and a scratch directory that is cleaned up.
 
-Shared by the benchmark scripts (they run as `python benchmarks/NAME.py`, so this module is
-importable beside them). The child prints one JSON object as its last stdout line; its resident
-memory and that of its descendants (worker processes) is sampled every SAMPLE_SECONDS.
+The scripts run as `python benchmarks/NAME.py`, so this module is importable beside them. A
+measured child prints one JSON object as its last stdout line; its resident memory and that of
+its descendants (worker processes) is sampled every SAMPLE_SECONDS.
+
+Every script takes --smoke: a tiny configuration through the same code paths (keel's contender
+end to end, the result table printed) in seconds, which CI runs (tests/test_benchmarks.py). A
+smoke run uses only data that ships with keel (keel/experiments/sample/) or synthetic data, writes
+only under a temporary directory, and skips a peer that is not installed with one printed line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import subprocess
+import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -53,3 +64,47 @@ def _sample_tree(process: psutil.Process, peaks: dict[str, int], stop: threading
             peaks["tree"] = max(peaks["tree"], sum(rss))
             peaks["single"] = max(peaks["single"], max(rss))
         stop.wait(SAMPLE_SECONDS)
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A library a benchmark compares keel against, not a keel dependency."""
+
+    module: str
+    """What the contender imports (checked without importing it)."""
+    install: str
+    """How to install it, for the message when a full run lacks it."""
+
+
+def runnable_contenders(
+    contenders: Sequence[str], peers: Mapping[str, Peer], smoke: bool
+) -> tuple[str, ...]:
+    """`contenders` minus those whose peer (`peers`: contender -> Peer; a contender not in it
+    needs only keel) is not installed. A smoke run skips them, one printed line per missing
+    peer; a full run stops with one line saying what to install."""
+    missing: dict[Peer, list[str]] = {}
+    for name in contenders:
+        peer = peers.get(name)
+        if peer is not None and importlib.util.find_spec(peer.module) is None:
+            missing.setdefault(peer, []).append(name)
+    for peer, names in missing.items():
+        if not smoke:
+            raise SystemExit(
+                f"peer {peer.module} not installed (contenders {', '.join(names)}): "
+                f"{peer.install}, or run with --smoke to skip it"
+            )
+        print(f"peer {peer.module} not installed: skipped ({', '.join(names)})", flush=True)
+    skipped = {name for names in missing.values() for name in names}
+    return tuple(name for name in contenders if name not in skipped)
+
+
+@contextlib.contextmanager
+def scratch_directory(out: Path | None, prefix: str) -> Iterator[Path]:
+    """`out` (created, kept afterwards) when given, else a fresh temporary directory that is
+    removed on exit, whether the run succeeds or not."""
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        yield out
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        yield Path(scratch)

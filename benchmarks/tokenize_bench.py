@@ -24,11 +24,19 @@ The corpus: wikitext-2 valid.txt + test.txt (2.4 MB, 121 articles split at their
 lines, normalized like any document set), repeated to --megabytes of UTF-8 text.
 
     python benchmarks/tokenize_bench.py [--megabytes 50] [--repeats 3] [--out DIR]
+    python benchmarks/tokenize_bench.py --smoke   # what CI runs: seconds, no shared data
+
+--smoke: the first SMOKE_ARTICLES of the WikiText-2 articles bundled with keel (0.2 MB of
+keel/experiments/sample/wikitext2.jsonl.gz; ../shared/datasets is not read), a tokenizer of
+SMOKE_VOCAB_SIZE ids, 1 repeat, every contender as above (each cache checked against the raw
+encoding), the table printed. Without --out, a smoke run works in a temporary directory that is
+removed at the end; a full run caches its input and tokenizer in /tmp/keel-tokenize-bench.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -43,18 +51,30 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
-from measure import run_measured
+from measure import run_measured, scratch_directory
 
-WIKITEXT = Path("/work/shared/datasets/wikitext2")
+REPO = Path(__file__).resolve().parents[1]
+WIKITEXT = REPO.parent / "shared" / "datasets" / "wikitext2"
+SAMPLE = REPO / "keel" / "experiments" / "sample" / "wikitext2.jsonl.gz"
+DEFAULT_OUT = Path("/tmp/keel-tokenize-bench")
 CONTENDERS = ("raw encode_batch", "raw encode_batch_fast", "keel 1 file", "keel 8 files")
 VOCAB_SIZE = 32_768
+SMOKE_VOCAB_SIZE = 1_024
+SMOKE_ARTICLES = 16
+"""0.2 MB of text; a multiple of 8, so each of the 8 files gets documents."""
 WORKERS = 2
 MB = 1_000_000
 
 
-def documents(megabytes: float) -> list[str]:
+def documents(megabytes: float, smoke: bool) -> list[str]:
+    """The articles (normalized like any document set) repeated to about `megabytes` of text:
+    WikiText-2's valid and test files; in a smoke run, the first SMOKE_ARTICLES articles bundled
+    with keel, once."""
     from keel.data.documents import normalize_text
 
+    if smoke:
+        with gzip.open(SAMPLE, "rt", encoding="utf-8") as lines:
+            return [normalize_text(json.loads(line)["text"]) for line in lines][:SMOKE_ARTICLES]
     text = "".join(
         (WIKITEXT / name).read_text(encoding="utf-8") for name in ("valid.txt", "test.txt")
     )
@@ -63,27 +83,32 @@ def documents(megabytes: float) -> list[str]:
     return articles * max(1, round(megabytes * MB / size))
 
 
-def prepare(out: Path, megabytes: float) -> dict:
+def prepare(out: Path, megabytes: float, vocab_size: int, smoke: bool) -> dict:
     """The two document sets and the tokenizer, made once and reused (meta.json says so)."""
     meta_path = out / "meta.json"
     needed = [out / "one", out / "eight", out / "trained" / "tokenizer.json"]
     if meta_path.exists() and all(path.exists() for path in needed):
         meta = json.loads(meta_path.read_text())
-        if meta["megabytes"] == megabytes:
+        wanted = {"megabytes": megabytes, "vocab_size": vocab_size, "smoke": smoke}
+        if all(meta.get(key) == value for key, value in wanted.items()):
             return meta
     from keel.data.documents import write_texts
     from keel.data.tokenize import TokenizeConfig, run_tokenize
     from keel.flow import RunOptions
 
-    shutil.rmtree(out, ignore_errors=True)
-    docs = documents(megabytes)
+    meta_path.unlink(missing_ok=True)
+    for made in ("one", "eight", "trained"):  # what this makes; nothing else in `out`
+        shutil.rmtree(out / made, ignore_errors=True)
+    docs = documents(megabytes, smoke)
     write_texts(out / "one", docs, 1, "wikitext2")
     write_texts(out / "eight", docs, 8, "wikitext2")
     began = time.perf_counter()
-    config = TokenizeConfig(vocab_size=VOCAB_SIZE)
+    config = TokenizeConfig(vocab_size=vocab_size)
     run_tokenize(str(out / "one"), str(out / "trained"), config, RunOptions(workers=WORKERS))
     meta = {
         "megabytes": megabytes,
+        "vocab_size": vocab_size,
+        "smoke": smoke,
         "documents": len(docs),
         "text_bytes": sum(len(d.encode("utf-8")) for d in docs),
         "train_and_tokenize_seconds": time.perf_counter() - began,
@@ -202,7 +227,7 @@ def table(runs: dict[str, list[dict]], meta: dict) -> str:
     lines.append("")
     lines.append(
         f"{meta['text_bytes'] / MB:.1f} MB of text, {meta['documents']:,} documents, "
-        f"{tokens:,} tokens, vocabulary {VOCAB_SIZE:,}; {os.cpu_count()} cores, "
+        f"{tokens:,} tokens, vocabulary {meta['vocab_size']:,}; {os.cpu_count()} cores, "
         f"Python {platform.python_version()}; medians of {len(runs[CONTENDERS[0]])} runs; "
         f"1-minute load average before a run: {min(loads):.1f} to {max(loads):.1f}. "
         "Wall seconds per run: "
@@ -215,22 +240,29 @@ def table(runs: dict[str, list[dict]], meta: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--megabytes", type=float, default=50.0)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("/tmp/keel-tokenize-bench"))
+    parser.add_argument("--megabytes", type=float, default=50.0, help="of text (not --smoke)")
+    parser.add_argument("--repeats", type=int, help="runs per contender; default 3 (--smoke: 1)")
+    parser.add_argument(
+        "--out", type=Path, help=f"default {DEFAULT_OUT} (--smoke: a temporary directory)"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="the bundled sample, a small vocabulary, 1 repeat"
+    )
     parser.add_argument("--contender", help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.contender:
         contender_main(arguments.contender, arguments.out, arguments.tokenizer)
         return
-    meta = prepare(arguments.out, arguments.megabytes)
-    print(
-        f"tokenizer: trained and tokenized 1 file in {meta['train_and_tokenize_seconds']:.1f} s",
-        file=sys.stderr,
-    )
-    runs = benchmark(arguments.out, meta, arguments.repeats)
-    (arguments.out / "results.json").write_text(json.dumps(runs, indent=2))
+    smoke = arguments.smoke
+    repeats = arguments.repeats or (1 if smoke else 3)
+    vocab_size = SMOKE_VOCAB_SIZE if smoke else VOCAB_SIZE
+    with scratch_directory(arguments.out or (None if smoke else DEFAULT_OUT), "tokenize-") as out:
+        meta = prepare(out, arguments.megabytes, vocab_size, smoke)
+        trained_s = meta["train_and_tokenize_seconds"]
+        print(f"tokenizer: trained and tokenized 1 file in {trained_s:.1f} s", file=sys.stderr)
+        runs = benchmark(out, meta, repeats)
+        (out / "results.json").write_text(json.dumps(runs, indent=2))
     print(table(runs, meta))
 
 
