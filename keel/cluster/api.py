@@ -1,9 +1,10 @@
 """The controller over HTTP, for job commands on other machines: `--controller http://host:port`.
 
-`keel cluster start --port N` serves it next to the tick loop (standard library server: the
-requests are small and few). JSON in and out; errors are {"error": one line} with 400 (bad input,
-e.g. a negative count), 401 (token), 404 (unknown job or path). Bound to 127.0.0.1 unless a token
-is given.
+`keel cluster start --port N` serves it next to the tick loop, through keel.core.http_server
+under keel.core.http's policy: bound to 127.0.0.1 unless a token is given; Host and Origin
+checked (a web page cannot submit a job: JSON-only writes, no CORS); bodies up to
+MAX_BODY_BYTES. JSON in and out; errors are {"error": one line} with 400 (bad input, e.g. a
+negative count or a malformed spec), 401 (token), 404 (unknown job or path), 415 (not JSON).
 
     POST /v1/jobs                      JobSpec as JSON -> {"id": "j-000042"}
     GET  /v1/jobs/ID                   the job's status (as `keel job status --json`)
@@ -13,25 +14,35 @@ is given.
 
 from __future__ import annotations
 
-import hmac
 import http.client
 import json
-import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from starlette.requests import Request
+from starlette.responses import Response
 
 from keel.cluster import state
 from keel.cluster.logs import output_file
 from keel.cluster.spec import JobSpec
-from keel.core.errors import KeelError, UsageError
-from keel.telemetry.server import is_loopback
+from keel.core.errors import UsageError
+from keel.core.http import JSON, HttpError, HttpPolicy
+from keel.core.http_server import (
+    HttpServer,
+    count_param,
+    endpoints,
+    json_response,
+    read_body,
+    require_type,
+    run_in_threadpool,
+)
 
-logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20
 LOG_CHUNK_BYTES = 1 << 20
+T = TypeVar("T")
 
 
 class ControllerServer:
@@ -40,114 +51,81 @@ class ControllerServer:
     def __init__(
         self, root: Path, host: str = "127.0.0.1", port: int = 0, token: str | None = None
     ) -> None:
-        if not is_loopback(host) and not token:
-            raise UsageError(
-                f"binding the controller to {host} needs --token (or bind to 127.0.0.1)"
-            )
         self.root = root
-        self.token = token
-        self._server = ThreadingHTTPServer((host, port), _handler(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self.token = token or None
+        policy = HttpPolicy(token=self.token, max_body_bytes=MAX_BODY_BYTES)
+        app = endpoints(
+            {
+                "/v1/jobs": {"POST": self._submit},
+                "/v1/jobs/{job_id}": {"GET": self._status},
+                "/v1/jobs/{job_id}/cancel": {"POST": self._cancel},
+                "/v1/jobs/{job_id}/logs": {"GET": self._logs},
+            }
+        )
+        self._http = HttpServer(app, policy, host, port, name="controller-api")
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return self._http.url
 
     def start(self) -> ControllerServer:
-        self._thread.start()
+        self._http.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._http.stop()
 
+    async def _submit(self, request: Request) -> Response:
+        require_type(request, JSON)
+        spec = state.decode_spec(await read_body(request)).validate(check_command=False)
+        job_id = await run_in_threadpool(self._in_database, lambda db: state.submit(db, spec))
+        return json_response({"id": job_id})
 
-def _handler(owner: ControllerServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    async def _status(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        return json_response(await self._for_job(job_id, lambda db: state.job_status(db, job_id)))
 
-        def log_message(self, format: str, *args: Any) -> None:
-            logger.debug("%s " + format, self.address_string(), *args)
+    async def _cancel(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        after = await self._for_job(job_id, lambda db: state.request_cancel(db, job_id))
+        return json_response({"state": after})
 
-        def do_GET(self) -> None:
-            self._answer("GET")
+    async def _logs(self, request: Request) -> Response:
+        job_id = request.path_params["job_id"]
+        replica = count_param(request, "replica", 0)
+        offset = count_param(request, "offset", 0)
+        stream = request.query_params.get("stream", "stdout")
+        if stream not in ("stdout", "stderr"):
+            raise HttpError(400, f"stream={stream!r}: use stdout or stderr")
+        chunk = await self._for_job(
+            job_id, lambda db: _log_chunk(self.root, db, job_id, replica, stream, offset)
+        )
+        return json_response(chunk)
 
-        def do_POST(self) -> None:
-            self._answer("POST")
+    async def _for_job(self, job_id: str, action: Callable[[sqlite3.Connection], T]) -> T:
+        """`action` on the state database, in the thread pool; 404 if there is no such job."""
 
-        def _answer(self, method: str) -> None:
+        def checked(database: sqlite3.Connection) -> T:
             try:
-                self._authorize()
-                status, payload = self._route(method)
-            except _Refusal as refusal:
-                status, payload = refusal.status, {"error": refusal.message}
-            except KeelError as error:
-                status, payload = (404 if "no job" in str(error) else 400), {"error": str(error)}
-            except Exception:  # logged; the server keeps serving
-                logger.exception("controller API: %s %s failed", method, self.path)
-                status, payload = 500, {"error": "internal error: see the controller's log"}
-            body = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+                state.job(database, job_id)
+            except UsageError as error:
+                raise HttpError(404, str(error)) from None
+            return action(database)
 
-        def _authorize(self) -> None:
-            if owner.token is None:
-                return
-            given = self.headers.get("Authorization", "").removeprefix("Bearer ")
-            if not hmac.compare_digest(given.encode(), owner.token.encode()):
-                raise _Refusal(401, "missing or wrong token")
+        return await run_in_threadpool(self._in_database, checked)
 
-        def _route(self, method: str) -> tuple[int, Any]:
-            url = urlsplit(self.path)
-            parts = [p for p in url.path.split("/") if p]
-            query = parse_qs(url.query)
-            database = state.connect(owner.root / "state.db")
-            try:
-                if method == "POST" and parts == ["v1", "jobs"]:
-                    spec = state.decode_spec(json.dumps(self._body()))
-                    return 200, {"id": state.submit(database, spec.validate(check_command=False))}
-                if len(parts) >= 3 and parts[:2] == ["v1", "jobs"]:
-                    job_id = parts[2]
-                    if method == "GET" and len(parts) == 3:
-                        return 200, state.job_status(database, job_id)
-                    if method == "POST" and parts[3:] == ["cancel"]:
-                        return 200, {"state": state.request_cancel(database, job_id)}
-                    if method == "GET" and parts[3:] == ["logs"]:
-                        return 200, _log_chunk(owner.root, database, job_id, query)
-                raise _Refusal(404, f"no such endpoint: {method} {url.path}")
-            finally:
-                database.close()
-
-        def _body(self) -> Any:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY_BYTES:
-                raise _Refusal(413, f"body of {length} bytes: at most {MAX_BODY_BYTES}")
-            try:
-                return json.loads(self.rfile.read(length) or b"null")
-            except json.JSONDecodeError as error:
-                raise _Refusal(400, f"body is not JSON: {error}") from None
-
-    return Handler
+    def _in_database(self, action: Callable[[sqlite3.Connection], T]) -> T:
+        database = state.connect(self.root / "state.db")
+        try:
+            return action(database)
+        finally:
+            database.close()
 
 
-class _Refusal(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-def _log_chunk(root: Path, database, job_id: str, query: dict[str, list[str]]) -> dict[str, Any]:
+def _log_chunk(
+    root: Path, database: sqlite3.Connection, job_id: str, replica: int, stream: str, offset: int
+) -> dict[str, Any]:
     status = state.job_status(database, job_id)
-    replica = int(query.get("replica", ["0"])[0])
-    stream = query.get("stream", ["stdout"])[0]
-    if stream not in ("stdout", "stderr"):
-        raise UsageError(f"stream {stream!r}: use stdout or stderr")
-    offset = int(query.get("offset", ["0"])[0])
     task = next((t for t in status["tasks"] if t["replica"] == replica), None)
     done = status["state"] in state.FINAL_JOB_STATES
     if task is None or task["handle"] is None:
@@ -205,7 +183,11 @@ class ControllerClient:
             ) from None
         finally:
             connection.close()
-        data = json.loads(answer or b"{}")
+        try:
+            data = json.loads(answer or b"{}")
+        except ValueError:
+            data = {"error": f"HTTP {response.status}: {answer[:200].decode(errors='replace')}"}
         if response.status != 200:
-            raise UsageError(f"controller at {self.url}: {data.get('error', response.status)}")
+            error = data.get("error") if isinstance(data, dict) else None
+            raise UsageError(f"controller at {self.url}: {error or f'HTTP {response.status}'}")
         return data

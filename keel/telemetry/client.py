@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from keel.core.errors import KeelError, UsageError
 from keel.telemetry.manifest import load_manifest
 from keel.telemetry.schema import (
+    QueryLimitError,
     StoreBusyError,
     TelemetryInputError,
     TelemetryQueryError,
@@ -252,6 +253,7 @@ class HttpTelemetry:
         except (orjson.JSONDecodeError, KeyError, TypeError):
             message, kind = f"HTTP {status}: {answer[:200].decode(errors='replace')}", None
         errors: dict[str | None, type[UsageError]] = {
+            "limit": QueryLimitError,
             "input": TelemetryInputError,
             "query": TelemetryQueryError,
             "busy": StoreBusyError,
@@ -280,14 +282,38 @@ def poll_rows(
         return True
 
     wait = wait or sleep
-    column = time_column(store, namespace)
-    table = store.tail(namespace, max(limit, 1), after)  # one more than none: the time seen
-    last = _latest(table, column, after)
-    yield table.slice(table.num_rows - min(limit, table.num_rows))
+    follower = RowFollower(store, namespace, limit, after)
+    yield follower.first()
     while wait(interval):
-        table = store.tail(namespace, FOLLOW_BATCH_ROWS, last)
-        last = _latest(table, column, last)
-        yield table
+        yield follower.next()
+
+
+class RowFollower:
+    """A namespace's rows in time order as they arrive: `first()` the latest `limit` rows (later
+    than `after`), then each `next()` the rows later than the last one seen (possibly none; at
+    most FOLLOW_BATCH_ROWS, the newest). Raises UsageError at once for a namespace without a
+    time column. Blocking: each call is one store query."""
+
+    def __init__(
+        self,
+        store: TelemetryStore | SharedStore,
+        namespace: str,
+        limit: int = 20,
+        after: datetime | None = None,
+    ) -> None:
+        self.store, self.namespace, self.limit = store, namespace, limit
+        self.column = time_column(store, namespace)
+        self.last = after
+
+    def first(self) -> pa.Table:
+        table = self.store.tail(self.namespace, max(self.limit, 1), self.last)  # one: the time seen
+        self.last = _latest(table, self.column, self.last)
+        return table.slice(table.num_rows - min(self.limit, table.num_rows))
+
+    def next(self) -> pa.Table:
+        table = self.store.tail(self.namespace, FOLLOW_BATCH_ROWS, self.last)
+        self.last = _latest(table, self.column, self.last)
+        return table
 
 
 def time_column(store: TelemetryStore | SharedStore, namespace: str) -> str:

@@ -15,11 +15,19 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from keel.core.http import ARROW_STREAM, JSON, NDJSON
 from keel.telemetry.schema import TelemetryInputError
 
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
-JSON = "application/json"
-NDJSON = "application/x-ndjson"
+__all__ = [
+    "ARROW_STREAM",
+    "JSON",
+    "NDJSON",
+    "arrow_stream",
+    "decode_rows",
+    "json_default",
+    "ndjson_rows",
+    "read_stream",
+]
 
 
 def arrow_stream(table: pa.Table) -> bytes:

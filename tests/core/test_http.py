@@ -1,0 +1,232 @@
+"""The HTTP request layer's policy, on both servers that use it (the controller's job API and the
+telemetry server), over real sockets on 127.0.0.1: drive-by writes from web pages (text/plain,
+cross-origin, DNS rebinding) are refused and nothing is queued; bad lengths and bad input get a
+4xx with one line; tokens need `Bearer`; connections and query results are bounded."""
+
+import http.client
+import json
+import socket
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from keel.cluster.api import ControllerServer
+from keel.telemetry import StoreOptions, TelemetryStore
+from keel.telemetry.client import HttpTelemetry
+from keel.telemetry.server import TelemetryServer
+
+SPEC = {
+    "command": ["sh", "-c", "touch pwned"],
+    "name": "drive-by",
+    "resources": {"cpus": 1.0, "memory_mb": 0, "device_type": "cpu", "device_count": 0},
+    "replicas": 1,
+    "env": {},
+    "region": "",
+    "cluster": "",
+    "priority": "batch",
+    "max_retries": 0,
+    "max_preemptions": 10,
+    "workdir": "",
+}
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.fixture
+def controller(tmp_path):
+    server = ControllerServer(tmp_path / "controller").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def store(tmp_path):
+    with TelemetryStore(tmp_path / "store", StoreOptions(background=False)) as opened:
+        yield opened
+
+
+def queued(server) -> int:
+    if not (server.root / "state.db").exists():
+        return 0
+    with sqlite3.connect(server.root / "state.db") as database:
+        return database.execute("SELECT count(*) FROM jobs").fetchone()[0]
+
+
+def address(server) -> tuple[str, int]:
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
+def raw(server, method, path, body=b"", headers=None, host=None):
+    """One request with exactly these headers (Host too, unless None: the server's own)."""
+    connection = http.client.HTTPConnection(*address(server), timeout=5)
+    try:
+        connection.putrequest(method, path, skip_host=host is not None, skip_accept_encoding=True)
+        if host is not None:
+            connection.putheader("Host", host)
+        for name, value in (headers or {}).items():
+            connection.putheader(name, value)
+        connection.endheaders(body or None)
+        response = connection.getresponse()
+        data = response.read()
+    finally:
+        connection.close()
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        payload = data.decode(errors="replace")
+    return response.status, payload
+
+
+def post_job(server, headers, host=None):
+    body = json.dumps(SPEC).encode()
+    return raw(
+        server, "POST", "/v1/jobs", body, {"Content-Length": str(len(body)), **headers}, host
+    )
+
+
+def assert_refused(answer, status, *fragments):
+    got, payload = answer
+    assert got == status, answer
+    assert isinstance(payload, dict) and "\n" not in payload["error"], answer
+    for fragment in fragments:
+        assert fragment in payload["error"], answer
+
+
+# -- drive-by requests from a web page ----------------------------------------------------------
+
+
+def test_a_text_plain_job_post_is_refused_and_nothing_is_queued(controller):
+    """What a web page can send without a CORS preflight: a text/plain (or form) POST."""
+    for kind in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded"):
+        assert_refused(post_job(controller, {"Content-Type": kind}), 415, "Content-Type")
+    assert_refused(post_job(controller, {}), 415, "Content-Type")
+    assert queued(controller) == 0
+    assert post_job(controller, JSON)[0] == 200  # the same job with a JSON type is taken
+    assert queued(controller) == 1
+
+
+def test_a_cross_origin_job_post_is_refused_and_nothing_is_queued(controller):
+    for origin in ("http://evil.example", "null", f"{controller.url}.evil.example"):
+        assert_refused(post_job(controller, {**JSON, "Origin": origin}), 403, "Origin")
+    assert queued(controller) == 0
+    assert post_job(controller, {**JSON, "Origin": controller.url})[0] == 200
+    assert queued(controller) == 1
+
+
+@pytest.mark.parametrize("kind", ["controller", "telemetry"])
+def test_a_foreign_host_is_refused_dns_rebinding(kind, controller, store):
+    server = controller if kind == "controller" else TelemetryServer(store).start()
+    try:
+        port = address(server)[1]
+        for host in (f"evil.example:{port}", "evil.example", f"localhost:{port + 1}", ""):
+            assert_refused(post_job(server, JSON, host=host), 421, "Host")
+            assert_refused(raw(server, "GET", "/v1/namespaces", host=host), 421, "Host")
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+            assert raw(server, "GET", "/v1/jobs/j-000001", host=host)[0] in (200, 404)
+    finally:
+        if server is not controller:
+            server.stop()
+    assert queued(controller) == 0
+
+
+# -- bad input: 4xx with one line, never 500 ----------------------------------------------------
+
+
+@pytest.mark.parametrize("length", ["-1", "abc", "1e3", "+5"])
+def test_a_bad_content_length_is_a_400_and_nothing_is_read(controller, length):
+    body = json.dumps(SPEC).encode()
+    status, _ = raw(controller, "POST", "/v1/jobs", body, {**JSON, "Content-Length": length})
+    assert status == 400
+    assert queued(controller) == 0
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ({"name": "no command"}, "command"),
+        ({**SPEC, "resources": {**SPEC["resources"], "cpus": "abc"}}, "cpus"),
+        ({**SPEC, "replicas": "two"}, "replicas"),
+        ([1, 2], ""),
+        ("a string", ""),
+    ],
+)
+def test_a_bad_job_spec_is_a_400_with_one_line(controller, spec, fragment):
+    body = json.dumps(spec).encode()
+    answer = raw(controller, "POST", "/v1/jobs", body, {**JSON, "Content-Length": str(len(body))})
+    assert_refused(answer, 400, fragment)
+    assert queued(controller) == 0
+
+
+def test_a_token_is_only_taken_as_bearer(tmp_path):
+    server = ControllerServer(tmp_path / "controller", token="s3cret").start()
+    try:
+        for given in ("s3cret", "Basic s3cret", "Bearer  s3cret", "Bearer s3cret ", "Bearers3cret"):
+            assert_refused(post_job(server, {**JSON, "Authorization": given}), 401, "Bearer")
+        assert queued(server) == 0
+        assert post_job(server, {**JSON, "Authorization": "Bearer s3cret"})[0] == 200
+    finally:
+        server.stop()
+
+
+# -- bounded connections and results ------------------------------------------------------------
+
+
+def test_connections_beyond_the_cap_get_503_and_the_server_recovers(store):
+    server = TelemetryServer(store, max_connections=4).start()
+    held = []
+    try:
+        for _ in range(4):
+            connection = socket.create_connection(address(server), timeout=5)
+            held.append(connection)
+        time.sleep(0.2)
+        assert raw(server, "GET", "/v1/health")[0] == 503
+        for connection in held:
+            connection.close()
+        held.clear()
+        deadline = time.monotonic() + 5
+        while raw(server, "GET", "/v1/health")[0] != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        for connection in held:
+            connection.close()
+        server.stop()
+
+
+def test_a_query_over_the_result_caps_is_refused_with_one_line(store):
+    from keel.telemetry import QueryLimits
+
+    rows = [
+        {"ts": f"2026-11-01T00:00:{s % 60:02d}", "step": s, "note": "x" * 99} for s in range(5000)
+    ]
+    store.write("train.metrics", rows)
+    limits = QueryLimits(max_rows=1000, max_bytes=1 << 20, timeout_seconds=10)
+    with TelemetryServer(store, query_limits=limits) as server:
+        client = HttpTelemetry(server.url)
+        assert client.query('SELECT * FROM "train.metrics" LIMIT 1000').num_rows == 1000
+        body = json.dumps({"sql": 'SELECT * FROM "train.metrics"'}).encode()
+        answer = raw(server, "POST", "/v1/query", body, {**JSON, "Content-Length": str(len(body))})
+        assert_refused(answer, 400, "max_rows")
+        answer = raw(server, "GET", "/v1/tail/train.metrics?limit=5000")
+        assert_refused(answer, 400, "max_rows")
+        client.close()
+
+
+def test_a_slow_client_cannot_hold_the_controller(controller):
+    """A body that never arrives does not block others (each connection is served on its own)."""
+    stalled = socket.create_connection(address(controller), timeout=5)
+    host, port = address(controller)
+    stalled.sendall(
+        f"POST /v1/jobs HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 1000\r\n\r\n{".encode()
+    )
+    try:
+        started = time.monotonic()
+        assert raw(controller, "GET", "/v1/jobs/j-000001")[0] == 404
+        assert time.monotonic() - started < 2
+    finally:
+        stalled.close()
+    threading.Event().wait(0.1)
+    assert queued(controller) == 0
