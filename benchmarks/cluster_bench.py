@@ -22,6 +22,10 @@ How:
   of ray-cli's cost. The table shows medians over --repeats runs; jobs/s = N / total s.
 
     python benchmarks/cluster_bench.py [--jobs 50] [--repeats 3] [--cpus N] [--address URL]
+    python benchmarks/cluster_bench.py --contenders keel-local,keel-controller   # no Ray at all
+    python benchmarks/cluster_bench.py --smoke   # a tiny run of the keel contenders (seconds)
+
+Without a Ray contender no Ray head is started (and Ray need not be installed).
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from pathlib import Path
 POLL_SECONDS = 0.1
 TIMEOUT_SECONDS = 600.0
 CONTENDERS = ("keel-local", "keel-controller", "ray-cli", "ray-client", "keel-ray")
+KEEL_ONLY = ("keel-local", "keel-controller")
 RAY_DONE = {"SUCCEEDED", "FAILED", "STOPPED"}
 
 
@@ -296,18 +301,21 @@ def _signal(pids: set[int], number: int) -> None:
             continue
 
 
-def machine() -> str:
-    import ray
+def machine(with_ray: bool) -> str:
+    ray = ""
+    if with_ray:
+        import ray as ray_module
 
+        ray = f", ray {ray_module.__version__}"
     return (
-        f"{os.cpu_count()} cores, Python {platform.python_version()}, ray {ray.__version__}, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}{ray}, "
         f"{platform.system()} {platform.release()}"
     )
 
 
 def report(results: dict[str, list[tuple[float, float]]], jobs: int, repeats: int, head: str):
     lines = [
-        machine(),
+        machine(with_ray=bool(set(results) - set(KEEL_ONLY))),
         "",
         f"{jobs} trivial jobs (`true`) per run, median of {repeats} runs; Ray: {head}",
         "",
@@ -329,14 +337,20 @@ def main() -> None:
     parser.add_argument("--job-cpus", type=float, default=0.0, help="cpus each job asks")
     parser.add_argument("--address", default="", help="an existing cluster's dashboard URL")
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated")
+    parser.add_argument(
+        "--smoke", action="store_true", help="5 jobs, 1 run, keel contenders only: seconds"
+    )
     arguments = parser.parse_args()
+    if arguments.smoke:
+        arguments.jobs, arguments.repeats, arguments.contenders = 5, 1, ",".join(KEEL_ONLY)
     names = [name for name in arguments.contenders.split(",") if name]
     unknown = set(names) - set(CONTENDERS)
     if unknown:
         raise SystemExit(f"unknown contenders {sorted(unknown)}: use some of {CONTENDERS}")
     run_id = datetime.datetime.now().strftime("%H%M%S")
     work = Path(tempfile.mkdtemp(prefix="keel-cluster-bench-", dir="/tmp"))
-    head = Head(arguments.cpus, arguments.address)
+    needs_ray = bool(set(names) - set(KEEL_ONLY))
+    head = Head(arguments.cpus, arguments.address) if needs_ray else None
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     try:
         for repeat in range(arguments.repeats):
@@ -346,9 +360,12 @@ def main() -> None:
                 results[name].append(seconds)
                 print(f"{tag}: submit {seconds[0]:.2f} s, total {seconds[1]:.2f} s", flush=True)
     finally:
-        head.stop()
+        if head is not None:
+            head.stop()
         shutil.rmtree(work, ignore_errors=True)
     where = arguments.address or f"a local head started here, {arguments.cpus} cpus"
+    if head is None:
+        where = "not used"
     print()
     print(report(results, arguments.jobs, arguments.repeats, where))
 

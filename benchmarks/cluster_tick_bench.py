@@ -2,7 +2,7 @@
 
 What it measures: the wall time of one `Controller.tick()` (keel/cluster/controller.py: reconcile,
 capacity report, schedule, autoscale, log streaming) in steady state: every worker slot busy,
---queued jobs waiting, a few hundred tasks ending and as many starting per tick. Target: <= 50 ms.
+--queued jobs waiting, a few hundred tasks ending and as many starting per tick. Target: <= 15 ms.
 
 How:
 - The engine is `MemoryBackend`, defined here: an in-memory TaskBackend with a number of cpu
@@ -23,6 +23,7 @@ How:
   ticks is printed: the functions with the most own time, then keel.cluster's by total time.
 
     python benchmarks/cluster_tick_bench.py [--queued 10000] [--workers 1000] [--ticks 40]
+    python benchmarks/cluster_tick_bench.py --smoke   # a tiny run (seconds): does it still work?
 """
 
 from __future__ import annotations
@@ -50,18 +51,19 @@ from keel.cluster.backend import Capacity, TaskLaunch, TaskState, TaskStatus
 from keel.cluster.controller import Controller
 from keel.cluster.spec import JobSpec, Resources
 
-TARGET_MS = 50.0
+TARGET_MS = 15.0
 SEED = 20240807
 PHASES = ("_reconcile", "_report_capacity", "_schedule", "_autoscale")
-# Parts of a phase, timed the same way: (the phase, the method inside it).
-PARTS = (("_reconcile", "_reconcile_jobs"), ("_schedule", "_launch"))
+# Parts of a phase, timed the same way: (the phase, the object's path from the controller, the
+# method inside it): "" is the controller itself, "launcher" its Launcher (keel/cluster/launch.py).
+PARTS = (("_reconcile", "", "_reconcile_jobs"), ("_schedule", "launcher", "launch"))
 PHASE_ROWS = (
     "_reconcile",
     "  _reconcile_jobs (jobs' states from their attempts)",
     "_report_capacity",
     "_schedule",
     "  schedule() (the pure decision)",
-    "  _launch (backend launches, handles recorded)",
+    "  launcher.launch (backend launches, handles recorded)",
     "_autoscale",
     "logs.stream",
 )
@@ -160,9 +162,11 @@ class PhaseTimer:
         self.cpu: dict[str, float] = defaultdict(float)
         for phase in PHASES:
             setattr(control, phase, self._timed(phase, getattr(control, phase)))
-        for _, part in PARTS:
-            row = next(row for row in PHASE_ROWS if row.startswith(f"  {part} "))
-            setattr(control, part, self._timed(row, getattr(control, part)))
+        for _, path, part in PARTS:
+            owner = getattr(control, path) if path else control
+            label = f"{path}.{part}" if path else part
+            row = next(row for row in PHASE_ROWS if row.startswith(f"  {label} "))
+            setattr(owner, part, self._timed(row, getattr(owner, part)))
         control.logs.stream = self._timed("logs.stream", control.logs.stream)
         controller_module.schedule = self._timed(PHASE_ROWS[4], controller_module.schedule)
 
@@ -214,7 +218,12 @@ def main() -> None:
     parser.add_argument("--report-every", type=int, default=1, help="capacity report period")
     parser.add_argument("--profile", action="store_true", help="profile even when on target")
     parser.add_argument("--profile-ticks", type=int, default=5)
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny configuration, seconds: the script works"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.queued, args.workers, args.warmup, args.ticks, args.profile_ticks = 200, 20, 2, 3, 1
 
     rng = random.Random(SEED)
     clock = Clock()
@@ -253,7 +262,7 @@ def main() -> None:
         print_results(
             args, ticks, cpu, phases, launched, running, pending, submit_seconds, backends
         )
-        if args.profile or median_ms > TARGET_MS:
+        if args.profile or (median_ms > TARGET_MS and not args.smoke):
             print_profile(control, clock, args, spec)
         control.close()
 

@@ -7,6 +7,7 @@ runs for that root, `keel job run` starts an embedded one in the background that
 
 from __future__ import annotations
 
+import shlex
 import signal
 import sqlite3
 import sys
@@ -82,11 +83,9 @@ def start_command(
       keel cluster start --config clusters.yaml --root /shared/keel-cluster --port 8471
     """
     load_federation(config)  # a bad config fails here, as one line
-    running = daemon.running_controller(Path(root))
-    if running is not None:
-        raise UsageError(
-            f"a controller already runs for {root} (pid {running['pid']}): "
-            "stop it first with `keel cluster stop`"
+    if daemon.running_controller(Path(root)) is not None:  # else the lock in daemon.run decides
+        raise daemon.ControllerRunning(
+            f"a controller already runs for {root}: stop it first with `keel cluster stop`"
         )
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     stderr.print(f"controller for {root} running; Ctrl-C to stop")
@@ -212,8 +211,7 @@ def run_command(
     database = state.connect(Path(root) / "state.db")
     _check_known_devices(database, spec, config)
     job_id = state.submit(database, spec)
-    if daemon.running_controller(Path(root)) is None:
-        daemon.start_embedded(Path(root), config)
+    daemon.ensure_controller(Path(root), config)
     typer.echo(job_id)
 
 
@@ -235,7 +233,13 @@ def job_status_command(
         print_json(status)
         return
     reason = f" ({status['reason']})" if status["reason"] else ""
-    stdout.print(f"{status['id']} {status['name']}: {status['state']}{reason}")
+    stdout.print(f"{status['id']} {status['name']}: {status['state']}{reason}", markup=False)
+    spec = status.get("spec") or {"command": [], "env": {}}  # older servers send none
+    if spec["command"]:
+        stdout.print(f"  command: {shlex.join(spec['command'])}", markup=False, highlight=False)
+    if spec["env"]:
+        variables = " ".join(f"{key}={value}" for key, value in spec["env"].items())
+        stdout.print(f"  env: {variables}", markup=False, highlight=False)
     for task in status["tasks"]:
         stdout.print(
             f"  replica {task['replica']} attempt {task['attempt']} on {task['cluster']}: "
@@ -282,8 +286,9 @@ def logs_command(
     def ended() -> bool:
         return not follow or state.job_status(database, job_id)["state"] in state.FINAL_JOB_STATES
 
+    hide = state.redactor(database, job_id)  # the job's secret values, as "***"
     for line in follow_file(path, done=ended):
-        sys.stdout.write(line + "\n")
+        sys.stdout.write(hide(line) + "\n")
         sys.stdout.flush()
 
 

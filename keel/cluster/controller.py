@@ -17,8 +17,11 @@ One tick:
 5. logs: new task output goes to the telemetry namespace cluster.task_log when configured.
 All state is in SQLite (keel.cluster.state), so a controller killed at any point resumes: it
 re-polls the attempts it had, adopts the ones still running and never launches one twice. Job
-specs never change, so each is parsed once and kept with its demand (a tick over 10,000 queued
-jobs reads only their ids).
+specs never change, so each is parsed once and kept with its demand, and the pending queue is kept
+in memory (keel.cluster.pending): loaded once at start, then updated as jobs are assigned,
+rejected or requeued here, and from the jobs table's new rows and the events table's new
+cancellations for what other processes submit or cancel. Assignment re-checks inside its
+transaction that each job is still pending (keel.cluster.launch), so no job starts twice.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from keel.cluster.launch import KEY, JobInfo, Launcher, key, record_assignments
 from keel.cluster.ledger import CapacityLedger
 from keel.cluster.logs import LogStreamer
 from keel.cluster.outcome import gang_outcome, resolve
+from keel.cluster.pending import PendingQueue
 from keel.cluster.scheduler import ClusterView, PendingJob, RunningJob, schedule
 from keel.cluster.spec import JobSpec
 from keel.core.errors import KeelError
@@ -80,11 +84,14 @@ class Controller:
         self.ledger = CapacityLedger()
         self.ticks = int(state.get_value(self.database, "tick", "0"))
         self._first_tick = self.ticks + 1
-        self._jobs: dict[str, JobInfo] = {}
-        self._queued: dict[str, PendingJob] = {}  # the same jobs as the scheduler sees them
+        self._jobs: dict[str, JobInfo] = {}  # active jobs (pending, running, preempted)
+        self._queue = PendingQueue()  # the pending ones, as the scheduler sees them
+        self._running_views: dict[str, RunningJob] = {}  # running jobs as the scheduler sees them
         self._ends: list[tuple] = []  # job transitions and events of the current transaction
         self._events: list[tuple] = []
+        self._requeued: list[str] = []  # jobs back in the queue once the transaction commits
         self._seen_seq = -1  # jobs up to this submission number are in self._jobs
+        self._seen_event = 0  # cancellations up to this event id are applied to the queue
         self._reasons: dict[str, str] = {}
         self._totals: dict[str, dict[str, float]] = {}
         # Jobs that left a cluster since its last capacity report: their capacity is coming back
@@ -102,14 +109,12 @@ class Controller:
         report.finished = self._reconcile()
         if self.ticks == self._first_tick or self.ticks % self.report_every == 0:
             self._report_capacity()
-        pending = [
-            row[0] for row in self.database.execute("SELECT id FROM jobs WHERE state = 'pending'")
-        ]
+        self._load_new()
         running = self.database.execute(
             "SELECT id, cluster, state, outcome, cancel_requested FROM jobs "
             "WHERE state IN ('running', 'preempted')"
         ).fetchall()
-        self._load_new()
+        pending = self._queue.ordered()
         if pending:
             self._schedule(pending, running, report)
         self._autoscale(pending, running)
@@ -118,9 +123,10 @@ class Controller:
         report.seconds = time.perf_counter() - began
         return report
 
-    def run(self, *, tick_seconds: float = 0.5, stop_when_idle: float | None = None) -> None:
+    def run(self, *, tick_seconds: float = 0.5, stop_when_idle: float | None = None) -> bool:
         """Tick until `stop()` is called from another thread, the stop flag is set in the
-        database (`keel cluster stop`), or nothing was active for `stop_when_idle` seconds."""
+        database (`keel cluster stop`), or nothing was active for `stop_when_idle` seconds;
+        return True in the last case. The caller holds the root's lock (keel.cluster.lock)."""
         state.set_value(self.database, "stop", "0")
         idle_since = time.monotonic()
         while state.get_value(self.database, "stop") != "1":
@@ -128,8 +134,9 @@ class Controller:
             if self.active_jobs():
                 idle_since = time.monotonic()
             elif stop_when_idle is not None and time.monotonic() - idle_since >= stop_when_idle:
-                return
+                return True
             time.sleep(tick_seconds)
+        return False
 
     def stop(self) -> None:
         state.set_value(self.database, "stop", "1")
@@ -148,7 +155,8 @@ class Controller:
     def _reconcile(self) -> int:
         """Bring attempts and jobs up to date with the backends; return jobs that ended."""
         attempts = self.database.execute(
-            "SELECT * FROM attempts WHERE state IN ('launching', 'pending', 'running')"
+            "SELECT job_id, replica, attempt, cluster, handle, state FROM attempts "
+            "WHERE state IN ('launching', 'pending', 'running')"
         ).fetchall()
         by_cluster: dict[str, list[Any]] = {}
         for attempt in attempts:
@@ -251,6 +259,7 @@ class Controller:
                     self._end(job, result.state, result.reason, result.failures, result.preemptions)
                     finished += result.state != "pending"
             self._write_ends()
+        self._requeue()
         for cluster, active in to_cancel:
             self._cancel(cluster, active)
         return finished
@@ -278,7 +287,11 @@ class Controller:
             )
         )
         self._events.append((now, job["id"], "requeued" if final == "pending" else final, reason))
-        info = self._jobs.get(job["id"])
+        self._queue.remove(job["id"])
+        self._reasons.pop(job["id"], None)
+        if final == "pending":
+            self._requeued.append(job["id"])
+        info = self._jobs.get(job["id"]) if final == "pending" else self._jobs.pop(job["id"], None)
         if info is not None and job["cluster"] in self._leaving:
             self._leaving[job["cluster"]].append(
                 RunningJob(
@@ -301,6 +314,12 @@ class Controller:
             "INSERT INTO events (at, job_id, kind, detail) VALUES (?, ?, ?, ?)", self._events
         )
         self._ends, self._events = [], []
+
+    def _requeue(self) -> None:
+        """Put the jobs `_end` sent back to the queue into it (their transaction committed)."""
+        for job_id in self._requeued:
+            self._queue.add(self._jobs[job_id].pending)
+        self._requeued = []
 
     def _cancel(self, cluster: str, attempts: list) -> None:
         backend = self.backends.get(cluster)
@@ -338,59 +357,83 @@ class Controller:
                         self.ticks,
                     ),
                 )
-                self.database.execute(
-                    "DELETE FROM reservations WHERE cluster = ? AND tick < ?", (name, self.ticks)
-                )
 
     def _load_new(self) -> None:
         """Parse the specs of jobs submitted since the last call (at the first call: of every
-        job still active), so a tick never re-reads the specs of the whole queue."""
+        job still active) and queue the pending ones; drop from the queue the jobs other
+        processes cancelled since (their "cancelled" events). A tick never re-reads the specs,
+        or the ids, of the whole queue."""
         if self._seen_seq < 0:
-            with state.transaction(self.database):  # one snapshot for both reads
+            with state.transaction(self.database):  # one snapshot for the three reads
                 rows = self.database.execute(
-                    "SELECT id, seq, spec FROM jobs "
-                    "WHERE state IN ('pending', 'running', 'preempted')"
+                    "SELECT id, seq, spec, state FROM jobs "
+                    "WHERE state IN ('pending', 'running', 'preempted') ORDER BY seq"
                 ).fetchall()
                 self._seen_seq = self.database.execute(
                     "SELECT coalesce(max(seq), 0) FROM jobs"
                 ).fetchone()[0]
+                self._seen_event = self.database.execute(
+                    "SELECT coalesce(max(id), 0) FROM events"
+                ).fetchone()[0]
+            cancelled = ""
         else:
             rows = self.database.execute(
-                "SELECT id, seq, spec FROM jobs WHERE seq > ? ORDER BY seq", (self._seen_seq,)
+                "SELECT id, seq, spec, state FROM jobs WHERE seq > ? ORDER BY seq",
+                (self._seen_seq,),
             ).fetchall()
             if rows:
                 self._seen_seq = rows[-1]["seq"]
+            last, cancelled = self.database.execute(  # one statement: one snapshot
+                "SELECT max(id), group_concat(CASE WHEN kind = 'cancelled' THEN job_id END, ' ') "
+                "FROM events WHERE id > ?",
+                (self._seen_event,),
+            ).fetchone()
+            self._seen_event = last or self._seen_event
         for row in rows:
-            spec = state.decode_spec(row["spec"])
+            if row["state"] not in ("pending", "running", "preempted"):
+                continue  # ended already (cancelled before this controller saw it)
+            spec = state.decode_stored_spec(row["spec"])
             job = PendingJob(
                 row["id"], spec.priority, row["seq"], spec.demand(), spec.region, spec.cluster
             )
             self._jobs[row["id"]] = JobInfo(spec, job)
-            self._queued[row["id"]] = job
+            if row["state"] == "pending":
+                self._queue.add(job)
+        for job_id in (cancelled or "").split():
+            if job_id in self._queue:
+                self._queue.remove(job_id)
+                self._jobs.pop(job_id, None)
+                self._reasons.pop(job_id, None)
 
-    def _schedule(self, pending: list[str], running: list, report: TickReport) -> None:
+    def _schedule(self, queue: list[PendingJob], running: list, report: TickReport) -> None:
         stopping = [job for jobs in self._leaving.values() for job in jobs]
-        for row in running:
-            info = self._jobs[row["id"]]
-            leaving = row["state"] == "preempted" or bool(row["outcome"] or row["cancel_requested"])
-            stopping.append(
-                RunningJob(
-                    row["id"],
-                    row["cluster"],
+        views = self._running_views
+        for job_id, cluster, job_state, outcome, cancel_requested in running:
+            leaving = job_state == "preempted" or bool(outcome or cancel_requested)
+            view = views.get(job_id)
+            if view is None or view.stopping != leaving or view.cluster != cluster:
+                info = self._jobs[job_id]
+                view = views[job_id] = RunningJob(
+                    job_id,
+                    cluster,
                     info.spec.priority,
                     info.pending.sequence,
                     info.pending.demand,
                     leaving,
                 )
-            )
+            stopping.append(view)
+        if len(views) > 2 * len(running) + 1000:  # forget jobs that ended
+            self._running_views = {row[0]: views[row[0]] for row in running}
         clusters = [
             ClusterView(
                 name, self._totals.get(name, {}), self.ledger.free(name), self.regions.get(name, "")
             )
             for name in self.backends
         ]
-        queue = list(map(self._queued.__getitem__, pending))
-        decision = schedule(queue, stopping, clusters, self.home, in_order=True)
+        decision = schedule(
+            queue, stopping, clusters, self.home, in_order=True, shape_count=self._queue.shapes
+        )
+        fresh = self._queue.take_fresh()
         clusters_of = {row["id"]: row["cluster"] for row in running}
         cancels: list[tuple[str, list]] = []
         with state.transaction(self.database):
@@ -413,19 +456,31 @@ class Controller:
                 report.preempted += 1
             launches = self._record_assignments(decision.assignments)
             report.launched += len(decision.assignments)
-            changed = decision.waiting.items() - self._reasons.items()  # set difference, in C
-            self.database.executemany(
-                "UPDATE jobs SET reason = ? WHERE id = ?", [(r, j) for j, r in changed]
-            )
-            self._reasons.update(changed)
+            reasons = self._reasons
+            changed = [(r, j) for j, r in decision.waiting.items() if reasons.get(j) != r]
+            # The tail of the queue (decision.tail) keeps its reasons: only jobs new to the queue
+            # get their shape's, so a tick never rewrites 10,000 rows it has no news for.
+            changed += [
+                (decision.blocked[self._jobs[j].pending.shape], j)
+                for j in fresh
+                if j not in decision.waiting and j in self._queue
+            ]
+            self.database.executemany("UPDATE jobs SET reason = ? WHERE id = ?", changed)
+            reasons.update((j, r) for r, j in changed)
             self._write_ends()
+        self._requeue()
         self.launcher.launch(launches)
         for cluster, active in cancels:
             self._cancel(cluster, active)
 
     def _record_assignments(self, assignments: list[tuple[str, str]]) -> list[tuple[Any, JobSpec]]:
-        launches = record_assignments(self.database, assignments, self._jobs, self.ticks, self.home)
-        for job_id, cluster in assignments:
+        launches, taken = record_assignments(self.database, assignments, self._jobs, self.home)
+        for job_id, _ in assignments:  # taken, or no longer pending: out of the queue either way
+            self._queue.remove(job_id)
+        if len(taken) < len(assignments):
+            gone = {job_id for job_id, _ in assignments} - {job_id for job_id, _ in taken}
+            logger.warning("jobs %s were no longer pending when assigned", sorted(gone))
+        for job_id, cluster in taken:
             self.ledger.reserve(job_id, cluster, self._jobs[job_id].pending.demand, self.ticks)
             self._reasons.pop(job_id, None)
         return launches
@@ -440,14 +495,14 @@ class Controller:
         else:
             self.launcher.abandon(attempt)
 
-    def _autoscale(self, pending: list[str], running: list) -> None:
+    def _autoscale(self, pending: list[PendingJob], running: list) -> None:
         """Size each scale group (the local pool) to the cpus of its work and of the queue."""
         queued: float | None = None
         for name, backend in self.backends.items():
             if not isinstance(backend, ScaleGroup):
                 continue
             if queued is None:
-                queued = sum(self._jobs[j].pending.demand.get("cpu", 0.0) for j in pending)
+                queued = sum(job.demand.get("cpu", 0.0) for job in pending)
             wanted = queued + sum(
                 self._jobs[row["id"]].pending.demand.get("cpu", 0.0)
                 for row in running

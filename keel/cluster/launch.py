@@ -1,7 +1,7 @@
 """Starting the attempts a scheduling round decided: recorded first, then launched.
 
-`record_assignments` writes a round's attempts (state "launching"), job states, reservations and
-events in a few statements, inside the controller's transaction, before any backend is asked;
+`record_assignments` writes a round's attempts (state "launching"), job states and events in a
+few statements, inside the controller's transaction, before any backend is asked;
 `Launcher.launch` then asks the backends and records each handle, or the refusal (a refused
 replica fails its gang at once; its unstarted siblings are cancelled).
 """
@@ -14,8 +14,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import orjson
 
 from keel.cluster import state
 from keel.cluster.backend import TaskBackend, TaskLaunch
@@ -43,13 +41,28 @@ def record_assignments(
     database: sqlite3.Connection,
     assignments: list[tuple[str, str]],
     jobs: Mapping[str, JobInfo],
-    tick: int,
     home: str | None,
-) -> list[tuple[dict[str, Any], JobSpec]]:
-    """Write down the round's new attempts, job states, reservations and events (the caller
-    holds the transaction); return the attempts to launch with their specs."""
+) -> tuple[list[tuple[dict[str, Any], JobSpec]], list[tuple[str, str]]]:
+    """Write down the round's new attempts, job states and events (the caller
+    holds the write transaction); return the attempts to launch with their specs, and the
+    assignments that were taken (a job still pending when the transaction began).
+
+    Each job is re-checked inside the transaction: one that is no longer pending (cancelled by
+    a job command, or assigned by another controller) is left alone, so no job is ever
+    assigned twice."""
     if not assignments:
-        return []
+        return [], []
+    still_pending = {
+        row[0]
+        for row in state.rows_for_ids(
+            database,
+            "SELECT id FROM jobs WHERE id IN ({ids}) AND state = 'pending'",
+            [job_id for job_id, _ in assignments],
+        )
+    }
+    assignments = [(job_id, cluster) for job_id, cluster in assignments if job_id in still_pending]
+    if not assignments:
+        return [], []
     previous = {
         (job_id, replica): attempt
         for job_id, replica, attempt in state.rows_for_ids(
@@ -73,17 +86,13 @@ def record_assignments(
         "VALUES (?, ?, ?, ?, 'launching', ?)",
         attempts,
     )
-    database.executemany(
-        "UPDATE jobs SET state = 'running', cluster = ?, reason = '', started_at = ? WHERE id = ?",
+    taken = database.executemany(
+        "UPDATE jobs SET state = 'running', cluster = ?, reason = '', started_at = ? "
+        "WHERE id = ? AND state = 'pending'",
         [(cluster, now, job_id) for job_id, cluster in assignments],
-    )
-    database.executemany(
-        "INSERT OR REPLACE INTO reservations (job_id, cluster, demand, tick) VALUES (?, ?, ?, ?)",
-        [
-            (job_id, cluster, orjson.dumps(dict(jobs[job_id].pending.demand)).decode(), tick)
-            for job_id, cluster in assignments
-        ],
-    )
+    ).rowcount
+    if taken != len(assignments):  # the checks above ran in this transaction: cannot happen
+        raise RuntimeError(f"assigned {taken} of {len(assignments)} jobs checked pending")
     database.executemany(
         "INSERT INTO events (at, job_id, kind, detail) VALUES (?, ?, 'assigned', ?)",
         [
@@ -91,7 +100,7 @@ def record_assignments(
             for job_id, cluster in assignments
         ],
     )
-    return launches
+    return launches, assignments
 
 
 class Launcher:

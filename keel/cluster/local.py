@@ -1,11 +1,12 @@
 """The local backend: tasks are subprocesses of this machine, tracked through their directories.
 
-Each attempt gets a directory (the handle): `stdout`, `stderr`, `pid` (pid; kernel start time,
-so a reused pid is not mistaken for the task; cpus) and, written by the task's shell wrapper as it
-exits, `exit_code`. All state is in files, so a controller restarted after a crash finds its tasks
-again: one still running is adopted, a finished one reports its exit code, one that vanished
-without an exit code (SIGKILL, a reboot) is LOST. Tasks run in their own session, so a controller
-that dies does not take them down, and cancel stops the whole process group.
+Each attempt gets a directory (the handle, 0700): `stdout`, `stderr` (0600), `launching` (made
+before the task is started), `pid` (pid; kernel start time, so a reused pid is not mistaken for
+the task; cpus) and, written by the task's shell wrapper, `pid.early` (its pid, first thing) and
+`exit_code` (as it exits). All state is in files, so a controller restarted after a crash finds
+its tasks again: one still running is adopted, a finished one reports its exit code, one that
+vanished without an exit code (SIGKILL, a reboot) is LOST. Tasks run in their own session, so a
+controller that dies does not take them down, and cancel stops the whole process group.
 
 The pool is a scale group: `scale_to(cpus)` sets how many cpus the backend offers, between
 `min_cpus` and `max_cpus` (default: this machine's cpus); the controller grows it while work waits
@@ -22,10 +23,12 @@ import time
 from pathlib import Path
 
 from keel.cluster.backend import Capacity, TaskLaunch, TaskState, TaskStatus
+from keel.cluster.secrets import private_dir
 from keel.core.errors import UsageError
 from keel.core.process import process_alive, process_start
 
 CANCEL_GRACE_SECONDS = 5.0
+ADOPT_WAIT_SECONDS = 2.0  # how long a relaunch waits for an interrupted launch's process
 
 
 class LocalBackend:
@@ -41,6 +44,11 @@ class LocalBackend:
         min_cpus: float = 1.0,
         region: str = "",
     ) -> None:
+        for option, value in (("max_cpus", max_cpus), ("min_cpus", min_cpus)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+            ):
+                raise UsageError(f"{option} must be a positive number of cpus, got {value!r}")
         self.log_root = Path(log_root)
         self.max_cpus = float(max_cpus if max_cpus is not None else os.cpu_count() or 1)
         self.min_cpus = min(min_cpus, self.max_cpus)
@@ -53,15 +61,21 @@ class LocalBackend:
         directory = (
             Path(task.log_dir) if task.log_dir else self.log_root / task.task_id / str(task.attempt)
         )
-        directory.mkdir(parents=True, exist_ok=True)
+        private_dir(directory)  # its output may show the job's secrets
         handle = str(directory)
         if (directory / "pid").exists():
             return handle  # launched before (the controller died before recording it): adopt
+        if (directory / "launching").exists() and self._adopt_interrupted(directory, task.cpus):
+            return handle
+        (directory / "launching").touch()
         workdir = task.workdir or None
         if workdir is not None and not os.path.isdir(workdir):
             raise UsageError(f"working directory {workdir} does not exist")
         # The wrapper records the exit code atomically, so it survives this process.
+        # It also records its own pid first: a controller killed between starting it and
+        # writing `pid` finds it again (`_adopt_interrupted`) instead of starting a second one.
         script = (
+            f"echo $$ > {shlex.quote(str(directory / 'pid.early'))}; "
             f"{shlex.join(task.command)}; code=$?; "
             f"echo $code > {shlex.quote(str(directory / 'exit_code.tmp'))} && "
             f"mv {shlex.quote(str(directory / 'exit_code.tmp'))} "
@@ -73,7 +87,10 @@ class LocalBackend:
             "KEEL_TASK_ID": task.task_id,
             "KEEL_ATTEMPT": str(task.attempt),
         }
-        with open(directory / "stdout", "ab") as stdout, open(directory / "stderr", "ab") as stderr:
+        with (
+            _private_append(directory / "stdout") as stdout,
+            _private_append(directory / "stderr") as stderr,
+        ):
             child = subprocess.Popen(
                 ["/bin/sh", "-c", script],
                 stdout=stdout,
@@ -87,6 +104,20 @@ class LocalBackend:
         self._children[handle] = child
         self._used[handle] = task.cpus
         return handle
+
+    def _adopt_interrupted(self, directory: Path, cpus: float) -> bool:
+        """A launch of this attempt was begun and not finished (no `pid`): if its process
+        started, it writes `pid.early` at once; adopt it then. False: it never started."""
+        deadline = time.monotonic() + ADOPT_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                pid = int((directory / "pid.early").read_text())
+            except (FileNotFoundError, ValueError):  # not written yet, or half written
+                time.sleep(0.05)
+                continue
+            (directory / "pid").write_text(f"{pid} {process_start(pid)} {cpus}\n")
+            return True
+        return False
 
     def poll(self, handles: list[str]) -> dict[str, TaskStatus]:
         return {handle: self._status(handle) for handle in handles}
@@ -169,6 +200,11 @@ class LocalBackend:
     def _forget(self, handle: str) -> None:
         self._children.pop(handle, None)
         self._used.pop(handle, None)
+
+
+def _private_append(path: Path):
+    """`path` opened to append bytes, created 0600."""
+    return open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600), "ab")
 
 
 def _signal_group(pid: int, number: int) -> None:

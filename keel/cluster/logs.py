@@ -5,6 +5,7 @@ telemetry target the controller forwards new complete lines every tick to the na
 `cluster.task_log` (ts, job_id, replica, attempt, stream, line), remembering per attempt how many
 bytes it has sent (in the attempts table, so a restarted controller neither repeats nor skips
 lines); an attempt that ended is sent to its last byte, a final line without a newline included.
+The values of the job's secret variables are hidden in the rows (keel.cluster.secrets).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import orjson
 import pyarrow as pa
 
 from keel.cluster.backend import TaskBackend
+from keel.cluster.secrets import Redactor
+from keel.cluster.state import redactor
 from keel.telemetry.client import Telemetry
 from keel.telemetry.sink import now, open_target
 
@@ -45,6 +48,7 @@ class LogStreamer:
         self.backends = backends
         self.target = target
         self._client: Telemetry | None = None
+        self._redactors: dict[str, Redactor] = {}  # job -> its secrets, hidden in the rows
 
     def stream(self) -> int:
         """Send every attempt's new lines; return how many were sent."""
@@ -69,7 +73,8 @@ class LogStreamer:
                 new, offsets[index] = _read_lines(Path(path), offsets[index], final=ended)
                 lines.extend((stream, line) for line in new)
             if lines:
-                self._write(row, lines)
+                hide = self._redactor(row["job_id"])
+                self._write(row, [(stream, hide(line)) for stream, line in lines])
                 sent += len(lines)
             self.database.execute(
                 "UPDATE attempts SET log_offsets = ? "
@@ -100,6 +105,13 @@ class LogStreamer:
             schema=SCHEMA,
         )
         self._client.write(NAMESPACE, table)
+
+    def _redactor(self, job_id: str) -> Redactor:
+        if job_id not in self._redactors:
+            if len(self._redactors) > 10_000:
+                self._redactors.clear()
+            self._redactors[job_id] = redactor(self.database, job_id)
+        return self._redactors[job_id]
 
     def close(self) -> None:
         if self._client is not None:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from keel.cluster.backend import Capacity, TaskLaunch, TaskState, TaskStatus
+from keel.cluster.secrets import private_dir
 from keel.core.errors import KeelError, UsageError
 
 
@@ -135,8 +136,7 @@ class RayBackend:
         info = self._info(handle)
         if info is None or str(info.status) not in ("PENDING", "RUNNING"):
             return
-        directory = self.log_root / handle
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = private_dir(self.log_root / handle)
         (directory / "cancelled").touch()  # survives a controller restart
         self._call("stop_job", handle)
 
@@ -213,8 +213,7 @@ class RayBackend:
         """Copy the job's log to log_root/<handle>/stdout; mark it complete once the job ended."""
         _check_handle(handle)
         text = self._call("get_job_logs", handle)
-        directory = self.log_root / handle
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = private_dir(self.log_root / handle)
         partial = directory / "stdout.part"
         partial.write_text(text)
         partial.replace(directory / "stdout")

@@ -9,6 +9,10 @@ For each pending job, in priority order (production, interactive, batch) and the
 - else, for a production job, preempt the newest batch work on the cluster where the fewest jobs
   must stop, and hold that cluster for it (nothing lower starts there this round);
 - else leave it queued, with the reason. Queued jobs hold no capacity.
+Within a round a job shape that did not fit once does not fit again, so once every shape in the
+queue is blocked the rest of the queue (no production job among it) is only waiting: given
+`shape_count` (how many distinct shapes the queue holds), the round stops there and the decision
+names that tail and each shape's reason instead of listing 10,000 waiting jobs one by one.
 Nothing here touches a database or a backend; the controller applies the decision.
 """
 
@@ -67,6 +71,10 @@ class Decision:
     preemptions: list[str] = field(default_factory=list)  # running jobs to stop and requeue
     rejections: dict[str, str] = field(default_factory=dict)  # job -> why no cluster can run it
     waiting: dict[str, str] = field(default_factory=dict)  # job -> why it is still queued
+    # The end of the queue left waiting as a whole (see the module docstring): its jobs, each
+    # waiting for the reason `blocked` gives for its shape.
+    tail: Sequence[PendingJob] = ()
+    blocked: dict[tuple, str] = field(default_factory=dict)
 
 
 def schedule(
@@ -76,9 +84,11 @@ def schedule(
     home: str | None = None,
     *,
     in_order: bool = False,
+    shape_count: int | None = None,
 ) -> Decision:
     """Decide this round's assignments, preemptions and rejections (see the module docstring).
-    `in_order`: `pending` is already sorted by (priority, sequence)."""
+    `in_order`: `pending` is already sorted by (priority, sequence); `shape_count`: the number of
+    distinct `PendingJob.shape`s in `pending`, which lets the round stop early (with in_order)."""
     decision = Decision()
     free = {c.name: dict(c.free) for c in clusters}
     held: set[str] = set()  # clusters held for a blocked production job this round
@@ -86,18 +96,20 @@ def schedule(
     for job in running:
         if job.stopping and job.cluster in stopping:
             _add(stopping[job.cluster], job.demand)
-    preemptible = {c.name: [] for c in clusters}
-    for job in sorted(running, key=lambda j: -j.sequence):
-        if job.priority == Priority.BATCH and not job.stopping and job.cluster in preemptible:
-            preemptible[job.cluster].append(job)
+    preemptible: dict[str, list[RunningJob]] = {}  # filled when a production job needs it
 
     # Within a round free capacity only shrinks and held clusters only grow, so a job shape
     # (demand, region) that did not fit once does not fit again: decide it once per round.
     shapes: dict[tuple, tuple[list[ClusterView], str]] = {}
     blocked: dict[tuple, str] = {}
     production = Priority.PRODUCTION
-    for job in pending if in_order else sorted(pending, key=_queue_order):
+    ordered = pending if in_order else sorted(pending, key=_queue_order)
+    every_shape = shape_count if in_order and shape_count is not None else -1
+    for index, job in enumerate(ordered):
         shape = job.shape
+        if len(blocked) == every_shape and job.priority != production:
+            decision.tail, decision.blocked = ordered[index:], blocked
+            break
         if shape in blocked and job.priority != production:
             decision.waiting[job.job_id] = blocked[shape]
             continue
@@ -115,6 +127,8 @@ def schedule(
             decision.assignments.append((job.job_id, chosen))
             continue
         if job.priority == Priority.PRODUCTION:
+            if not preemptible:
+                preemptible = _preemptible(running, clusters)
             plan = _preemption_plan(job, open_clusters, free, stopping, preemptible)
             if plan is not None:
                 cluster, victims = plan
@@ -128,6 +142,17 @@ def schedule(
         blocked[shape] = _waiting_reason(job, feasible, free, held)
         decision.waiting[job.job_id] = blocked[shape]
     return decision
+
+
+def _preemptible(
+    running: Sequence[RunningJob], clusters: Sequence[ClusterView]
+) -> dict[str, list[RunningJob]]:
+    """Per cluster, the batch jobs a production job may stop, newest first."""
+    preemptible: dict[str, list[RunningJob]] = {c.name: [] for c in clusters}
+    for job in sorted(running, key=lambda j: -j.sequence):
+        if job.priority == Priority.BATCH and not job.stopping and job.cluster in preemptible:
+            preemptible[job.cluster].append(job)
+    return preemptible
 
 
 def _feasible(job: PendingJob, clusters: Sequence[ClusterView]) -> tuple[list[ClusterView], str]:

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 
 from keel.cluster.backend import Capacity, TaskLaunch, TaskState, TaskStatus
+from keel.cluster.secrets import private_dir, write_private
 from keel.core.errors import KeelError, UsageError
 
 logger = logging.getLogger(__name__)
@@ -95,9 +96,8 @@ class SlurmBackend:
         adopted = self._adopt(task, log_dir, script)
         if adopted:
             return adopted
-        os.makedirs(log_dir, exist_ok=True)
-        with open(script, "w") as handle:
-            handle.write(_batch_script(task))
+        private_dir(log_dir)
+        write_private(script, _batch_script(task))  # it holds the job's environment
         argv = [
             "sbatch",
             "--parsable",
@@ -160,7 +160,7 @@ class SlurmBackend:
         """Remember the job in its attempt directory, and its log directory under the handle."""
         with open(os.path.join(log_dir, "slurm_job_id"), "w") as handle:
             handle.write(job_id + "\n")
-        os.makedirs(os.path.join(self.log_root, "handles"), exist_ok=True)
+        private_dir(os.path.join(self.log_root, "handles"))
         with open(os.path.join(self.log_root, "handles", job_id), "w") as handle:
             handle.write(log_dir + "\n")
 

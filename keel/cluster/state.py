@@ -1,5 +1,6 @@
 """The controller's state in SQLite: jobs, attempts (tasks are their replicas' latest attempts),
-clusters, reservations and events.
+clusters and events (the capacity reservation ledger is in the controller's memory: a restarted
+controller starts from a fresh capacity report).
 
 The database is the only state: a controller killed at any point and started again reads it and
 carries on. Job commands in other processes write to it directly (`submit`, `request_cancel`);
@@ -15,12 +16,13 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from keel.cluster.secrets import Redactor, private_dir, private_file, redact_command, redact_env
 from keel.cluster.spec import JobSpec, Priority, Resources
 from keel.core.errors import UsageError
 
@@ -71,12 +73,6 @@ CREATE TABLE IF NOT EXISTS clusters (
     reported_at REAL,
     reported_tick INTEGER
 );
-CREATE TABLE IF NOT EXISTS reservations (
-    job_id TEXT PRIMARY KEY,
-    cluster TEXT NOT NULL,
-    demand TEXT NOT NULL,
-    tick INTEGER NOT NULL
-);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     at REAL NOT NULL,
@@ -92,14 +88,20 @@ FINAL_JOB_STATES = ("succeeded", "failed", "cancelled")
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
-    """The state database at `path` (created if missing), in WAL mode, rows as sqlite3.Row."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    """The state database at `path` (created if missing), in WAL mode, rows as sqlite3.Row.
+    The file and its -wal/-shm are 0600 (job specs may hold secrets); a directory made for it
+    is 0700."""
+    private_dir(Path(path).parent)
+    private_file(path)  # SQLite gives the -wal and -shm files the database file's mode
     database = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
     database.row_factory = sqlite3.Row
     database.execute("PRAGMA journal_mode=WAL")
     database.execute("PRAGMA synchronous=NORMAL")
     database.execute("PRAGMA cache_size=-65536")  # 64 MiB: the controller rereads its queue
     database.executescript(SCHEMA)
+    for journal in (Path(f"{path}-wal"), Path(f"{path}-shm")):  # made by an older keel
+        if journal.exists() and journal.stat().st_mode & 0o077:
+            journal.chmod(0o600)
     return database
 
 
@@ -134,7 +136,19 @@ def encode_spec(spec: JobSpec) -> str:
     return orjson.dumps(data).decode()
 
 
-def decode_spec(text: str) -> JobSpec:
+def decode_spec(text: str | bytes) -> JobSpec:
+    """A JobSpec from its JSON (as `encode_spec` writes it, or as a client posts it); bad input
+    is a UsageError naming the key (see `spec_from_mapping`)."""
+    try:
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError as error:
+        raise UsageError(f"the job spec is not valid JSON: {error}") from None
+    return spec_from_mapping(data)
+
+
+def decode_stored_spec(text: str) -> JobSpec:
+    """A JobSpec as `submit` stored it (validated then): decoded without checking it again, as
+    the controller reads hundreds a tick."""
     data = orjson.loads(text)
     return JobSpec(
         command=tuple(data["command"]),
@@ -149,6 +163,99 @@ def decode_spec(text: str) -> JobSpec:
         max_preemptions=data["max_preemptions"],
         workdir=data["workdir"],
     )
+
+
+def spec_from_mapping(data: Any) -> JobSpec:
+    """A JobSpec from decoded JSON. Only "command" is required; other keys default as in
+    JobSpec. An unknown key, a missing command or a wrongly typed value is a UsageError naming
+    the key, e.g. `job spec key 'resources.cpus': expected a number, got 'abc'`."""
+    if not isinstance(data, dict):
+        raise UsageError(f"the job spec must be a JSON object, got {_kind(data)}")
+    _no_unknown_keys(data, SPEC_KEYS, "")
+    if "command" not in data:
+        raise UsageError("job spec key 'command' is missing: give the command as a list of words")
+    command = _typed(data, "command", list, "a list of strings")
+    if not all(isinstance(word, str) for word in command):
+        raise UsageError("job spec key 'command': expected a list of strings")
+    resources = _typed(data, "resources", dict, "an object", {})
+    _no_unknown_keys(resources, RESOURCE_KEYS, "resources.")
+    env = _typed(data, "env", dict, "an object of strings", {})
+    bad = next((k for k, v in env.items() if not isinstance(v, str)), None)
+    if bad is not None:
+        raise UsageError(f"job spec key 'env.{bad}': expected a string, got {_kind(env[bad])}")
+    defaults, default_resources = JobSpec(()), Resources()
+    return JobSpec(
+        command=tuple(command),
+        name=_typed(data, "name", str, "a string", defaults.name),
+        resources=Resources(
+            cpus=float(_number(resources, "cpus", "resources.", default_resources.cpus)),
+            memory_mb=_whole(resources, "memory_mb", "resources.", default_resources.memory_mb),
+            device_type=_typed(
+                resources,
+                "device_type",
+                str,
+                "a string",
+                default_resources.device_type,
+                "resources.",
+            ),
+            device_count=_whole(
+                resources, "device_count", "resources.", default_resources.device_count
+            ),
+        ),
+        replicas=_whole(data, "replicas", "", defaults.replicas),
+        env=dict(env),
+        region=_typed(data, "region", str, "a string", defaults.region),
+        cluster=_typed(data, "cluster", str, "a string", defaults.cluster),
+        priority=Priority.parse(
+            _typed(data, "priority", str, "a string", defaults.priority.name.lower())
+        ),
+        max_retries=_whole(data, "max_retries", "", defaults.max_retries),
+        max_preemptions=_whole(data, "max_preemptions", "", defaults.max_preemptions),
+        workdir=_typed(data, "workdir", str, "a string", defaults.workdir),
+    )
+
+
+SPEC_KEYS = frozenset(f.name for f in fields(JobSpec))
+RESOURCE_KEYS = frozenset(f.name for f in fields(Resources))
+
+
+def _kind(value: Any) -> str:
+    return repr(value) if isinstance(value, (str, int, float)) else type(value).__name__
+
+
+def _no_unknown_keys(data: dict, known: frozenset[str], prefix: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise UsageError(
+            f"unknown job spec key '{prefix}{unknown[0]}': use some of {', '.join(sorted(known))}"
+        )
+
+
+def _typed(
+    data: dict, key: str, kind: type, described: str, default: Any = None, prefix: str = ""
+) -> Any:
+    value = data.get(key, default)
+    if not isinstance(value, kind):
+        raise UsageError(f"job spec key '{prefix}{key}': expected {described}, got {_kind(value)}")
+    return value
+
+
+def _number(data: dict, key: str, prefix: str, default: float) -> float:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"job spec key '{prefix}{key}': expected a number, got {_kind(value)}")
+    return value
+
+
+def _whole(data: dict, key: str, prefix: str, default: int) -> int:
+    value = data.get(key, default)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(
+            f"job spec key '{prefix}{key}': expected a whole number, got {_kind(value)}"
+        )
+    return value
 
 
 def submit(database: sqlite3.Connection, spec: JobSpec) -> str:
@@ -168,7 +275,7 @@ def submit(database: sqlite3.Connection, spec: JobSpec) -> str:
                 time.time(),
             ),
         )
-        event(database, job_id, "submitted", " ".join(spec.command))
+        event(database, job_id, "submitted", " ".join(redact_command(spec.command)))
     return job_id
 
 
@@ -207,8 +314,12 @@ def event(database: sqlite3.Connection, job_id: str | None, kind: str, detail: s
 
 
 def job_status(database: sqlite3.Connection, job_id: str) -> dict[str, Any]:
-    """The job as `keel job status --json` prints it."""
+    """The job as `keel job status --json` prints it; its spec with secrets hidden
+    (keel.cluster.secrets)."""
     row = job(database, job_id)
+    spec = orjson.loads(row["spec"])
+    spec["command"] = redact_command(spec["command"])
+    spec["env"] = redact_env(spec["env"])
     tasks = database.execute(
         "SELECT replica, attempt, cluster, handle, state, exit_code, reason FROM tasks "
         "WHERE job_id = ? ORDER BY replica",
@@ -226,8 +337,14 @@ def job_status(database: sqlite3.Connection, job_id: str) -> dict[str, Any]:
         "submitted_at": row["submitted_at"],
         "started_at": row["started_at"],
         "ended_at": row["ended_at"],
+        "spec": spec,
         "tasks": [dict(task) for task in tasks],
     }
+
+
+def redactor(database: sqlite3.Connection, job_id: str) -> Redactor:
+    """What hides the job's secret values in its output (keel.cluster.secrets)."""
+    return Redactor.for_env(orjson.loads(job(database, job_id)["spec"])["env"])
 
 
 def get_value(database: sqlite3.Connection, key: str, default: str = "") -> str:

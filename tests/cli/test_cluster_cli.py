@@ -127,3 +127,37 @@ def test_job_commands_reach_a_controller_by_url(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_concurrent_submissions_start_one_controller_and_run_each_job_once(tmp_path):
+    """Twelve `keel job run` at once with no controller: one controller takes the root's lock,
+    the others only submit; each job runs once (its command appends its id to a journal)."""
+    journal = tmp_path / "journal"
+    script = f'echo "$KEEL_JOB_ID" >> {journal}; sleep 0.3'
+    submitters = [
+        subprocess.Popen(
+            [*KEEL, "job", "run", "--", "sh", "-c", script],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(12)
+    ]
+    outputs = [submitter.communicate(timeout=120) for submitter in submitters]
+    assert all(submitter.returncode == 0 for submitter in submitters), outputs
+    jobs = sorted(stdout.strip() for stdout, _ in outputs)
+    assert jobs == [f"j-{n:06d}" for n in range(1, 13)]
+    database = sqlite3.connect(tmp_path / "keel-out" / "cluster" / "state.db")
+    deadline = time.monotonic() + 60
+    while database.execute("SELECT count(*) FROM jobs WHERE state != 'succeeded'").fetchone()[0]:
+        assert time.monotonic() < deadline, database.execute(
+            "SELECT id, state FROM jobs"
+        ).fetchall()
+        time.sleep(0.2)
+    time.sleep(1.0)  # a second controller's duplicate launches would land in the journal by now
+    ran = journal.read_text().split()
+    assert sorted(ran) == jobs, f"jobs ran more than once: {sorted(ran)}"
+    starts = database.execute("SELECT count(*) FROM events WHERE kind = 'controller started'")
+    assert starts.fetchone()[0] == 1
+    keel("cluster", "stop", cwd=tmp_path)
