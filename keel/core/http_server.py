@@ -231,6 +231,8 @@ def _by_method(path: str, methods: dict[str, Endpoint]) -> Endpoint:
 
     async def dispatch(request: Request) -> Response:
         endpoint = methods.get(request.method)
+        if endpoint is None and request.method == "HEAD":
+            endpoint = methods.get("GET")  # the server sends the head of the GET answer
         if endpoint is None:
             raise HttpError(405, f"{path} takes {allowed}, not {request.method}")
         return await endpoint(request)

@@ -67,7 +67,8 @@ def ndjson_rows(table: pa.Table) -> bytes:
 
 
 def decode_rows(kind: str, body: bytes) -> pa.Table | list[Any]:
-    """A write's body as a table (Arrow IPC stream) or a list of rows (JSON, NDJSON)."""
+    """A write's body as a table (Arrow IPC stream) or a list of rows (JSON, NDJSON); each JSON
+    row must be an object with at least one column (a row of none would vanish unseen)."""
     if kind == ARROW_STREAM:
         try:
             return read_stream(body)
@@ -81,17 +82,30 @@ def decode_rows(kind: str, body: bytes) -> pa.Table | list[Any]:
         except orjson.JSONDecodeError as error:
             raise TelemetryInputError(f"body is not JSON: {error}") from None
         if isinstance(payload, dict) and isinstance(payload.get("rows"), list):
-            return payload["rows"]
+            return _objects(payload["rows"], "row")
         if isinstance(payload, list):
-            return payload
+            return _objects(payload, "row")
         raise TelemetryInputError('send a JSON list of row objects or {"rows": [...]}')
-    rows = []
+    rows, lines = [], []
     for number, line in enumerate(body.splitlines(), 1):
         if line.strip():
             try:
                 rows.append(orjson.loads(line))
             except orjson.JSONDecodeError as error:
                 raise TelemetryInputError(f"NDJSON line {number} is not JSON: {error}") from None
+            lines.append(number)
+    return _objects(rows, "NDJSON line", lines)
+
+
+def _objects(rows: list[Any], what: str, numbers: list[int] | None = None) -> list[Any]:
+    """`rows` if each is a non-empty JSON object, else TelemetryInputError naming the first."""
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict) or not row:
+            number = numbers[index] if numbers is not None else index
+            shown = orjson.dumps(row).decode()[:40]
+            raise TelemetryInputError(
+                f"{what} {number} is {shown}: each row must be an object with at least one column"
+            )
     return rows
 
 
