@@ -230,3 +230,98 @@ def test_a_slow_client_cannot_hold_the_controller(controller):
         stalled.close()
     threading.Event().wait(0.1)
     assert queued(controller) == 0
+
+
+# -- the layer itself, on a small app ---------------------------------------------------------
+
+
+@pytest.fixture
+def echo():
+    """An HttpServer whose POST /echo counts the body it read, and GET /boom has a bug."""
+    from starlette.responses import Response
+
+    from keel.core.http import HttpPolicy
+    from keel.core.http_server import HttpServer, endpoints, json_response, read_body
+
+    seen: list[int] = []
+
+    async def echo_body(request):
+        body = await read_body(request)
+        seen.append(len(body))
+        return json_response({"bytes": len(body)})
+
+    async def boom(request) -> Response:
+        raise ZeroDivisionError("a bug")
+
+    app = endpoints({"/echo": {"POST": echo_body}, "/boom": {"GET": boom}})
+    policy = HttpPolicy(max_body_bytes=1000, body_timeout_seconds=0.5)
+    with HttpServer(app, policy) as server:
+        server.seen = seen
+        yield server
+
+
+def test_a_chunked_body_is_counted_and_cut_at_the_limit(echo):
+    host, port = address(echo)
+    with socket.create_connection((host, port), timeout=5) as connection:
+        connection.sendall(
+            f"POST /echo HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+        )
+        for _ in range(20):  # 20 x 100 bytes: over the limit of 1000
+            connection.sendall(b"64\r\n" + b"x" * 100 + b"\r\n")
+        connection.sendall(b"0\r\n\r\n")
+        answer = connection.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 413") and b"limit of 1000 bytes" in answer
+    assert echo.seen == []  # the endpoint never got a body
+    chunked = b"5\r\nhello\r\n0\r\n\r\n"
+    headers = {**JSON, "Transfer-Encoding": "chunked"}
+    assert raw(echo, "POST", "/echo", chunked, headers) == (200, {"bytes": 5})
+
+
+def test_an_oversized_body_is_refused_before_it_is_sent(echo):
+    host, port = address(echo)
+    with socket.create_connection((host, port), timeout=5) as connection:
+        connection.sendall(
+            f"POST /echo HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000000000\r\n\r\n".encode()
+        )
+        assert connection.recv(4096).startswith(b"HTTP/1.1 413")  # no byte of the body sent
+
+
+def test_a_stalled_body_is_a_408(echo):
+    host, port = address(echo)
+    with socket.create_connection((host, port), timeout=5) as connection:
+        connection.sendall(
+            f"POST /echo HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            "Content-Length: 10\r\n\r\n12345".encode()
+        )
+        started = time.monotonic()
+        answer = connection.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert 0.4 < time.monotonic() - started < 3
+
+
+def test_a_bug_is_a_logged_500_with_one_line(echo, caplog):
+    status, payload = raw(echo, "GET", "/boom")
+    assert status == 500 and payload["error"].startswith("internal error (ZeroDivisionError)")
+    assert "a bug" in caplog.text  # the traceback went to the log, not to the client
+    assert raw(echo, "GET", "/nothing")[0] == 404
+    assert_refused(raw(echo, "GET", "/echo"), 405, "takes POST")
+
+
+def test_the_policy_refuses_what_would_open_it_to_web_pages():
+    from keel.core.errors import UsageError
+    from keel.core.http import HttpPolicy, is_loopback
+
+    with pytest.raises(UsageError, match="without a preflight"):
+        HttpPolicy(write_types=frozenset({"application/json", "text/plain"}))
+    with pytest.raises(UsageError, match="without a token"):
+        HttpPolicy().check_bind("0.0.0.0")
+    HttpPolicy(token="t").check_bind("0.0.0.0")
+    assert [is_loopback(h) for h in ("localhost", "127.0.0.2", "[::1]", "10.0.0.1", "evil")] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
