@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from keel.core.http import ARROW_STREAM, JSON, NDJSON
+from keel.core.http import ARROW_STREAM, JSON, NDJSON, one_line
 from keel.telemetry.schema import TelemetryInputError
 
 __all__ = [
@@ -74,7 +74,7 @@ def decode_rows(kind: str, body: bytes) -> pa.Table | list[Any]:
             return read_stream(body)
         except (pa.ArrowInvalid, OSError) as error:
             raise TelemetryInputError(
-                f"body is not an Arrow IPC stream: {_one_line(error)}"
+                f"body is not an Arrow IPC stream: {one_line(error)}"
             ) from None
     if kind == JSON:
         try:
@@ -107,8 +107,3 @@ def _objects(rows: list[Any], what: str, numbers: list[int] | None = None) -> li
                 f"{what} {number} is {shown}: each row must be an object with at least one column"
             )
     return rows
-
-
-def _one_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
