@@ -39,7 +39,13 @@ app = typer.Typer(
 )
 
 INPUT = typer.Option(..., "--input", "-i", help="Input document set: a directory or a glob.")
-OUTPUT = typer.Option(..., "--output", "-o", help="Output directory (replaced atomically).")
+OUTPUT = typer.Option(
+    ...,
+    "--output",
+    "-o",
+    help="Output directory: new, empty, or a previous output of a keel data command (replaced "
+    "atomically). Never an input or a directory holding one, nor a directory of other files.",
+)
 WORKERS = typer.Option(None, "--workers", help="keel/flow workers (default: all cores).")
 BACKEND = typer.Option("local", "--backend", help="keel/flow backend: local or ray.")
 JSON = typer.Option(False, "--json", help="Print the stage report as one JSON object.")

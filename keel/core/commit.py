@@ -134,7 +134,7 @@ def missing_records(directory: str, marker: str) -> list[str]:
     absent, empty or lists none: outputs without records, such as a plain keel/flow write)."""
     try:
         text = paths.read_text(paths.join(directory, *marker.split("/")))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no marker, or `directory` is a file
         return []
     try:
         records = json.loads(text).get("records", []) if text.strip() else []

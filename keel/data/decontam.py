@@ -184,10 +184,10 @@ def run_decontam(
     options: RunOptions | None = None,
 ) -> StageReport:
     """Drop (or clean) the documents of `input` that share n-grams with the eval sets; write the
-    rest to `output` with contaminated.parquet, report.json and stage.json."""
-    index = build_index(config)
+    rest to `output` with contaminated.parquet, report.json and stage.json, committed together."""
     glob = documents.parquet_glob(input)
-    with pooled(options) as run_options:
+    with documents.stage_output(output, input) as staging, pooled(options) as run_options:
+        index = build_index(config)
         detect = functools.partial(_detect_batch, index=index, config=config)
         flagged = read_parquet(glob, columns=[documents.ID_COLUMN, documents.TEXT_COLUMN])
         table = flagged.map_batches(detect).to_table(options=run_options)
@@ -195,16 +195,20 @@ def run_decontam(
             table = _FLAGGED.empty_table()
         candidates = table.column("id").unique()
         apply = functools.partial(_apply_batch, index=index, config=config, ids=candidates)
-        written = read_parquet(glob).map_batches(apply).write_parquet(output, options=run_options)
-    report = StageReport("decontam", written.stages[0].rows_in, written.rows)
-    summary = _summarise(table, index, config, report)
-    contaminated = pa.Table.from_pylist(summary.pop("_rows"), schema=_CONTAMINATED)
-    with paths.open_file(paths.join(output, CONTAMINATED_FILE), "wb") as handle:
-        pq.write_table(contaminated, handle, compression="zstd")
-    summary.update(documents_in=report.documents_in, documents_out=report.documents_out)
-    paths.write_text(paths.join(output, REPORT_FILE), json.dumps(summary, indent=2))
-    report.details = summary
-    report.write(output)
+        written = (
+            read_parquet(glob)
+            .map_batches(apply)
+            .write_parquet(staging, options=run_options, commit=False)
+        )
+        report = StageReport("decontam", written.stages[0].rows_in, written.rows)
+        summary = _summarise(table, index, config, report)
+        contaminated = pa.Table.from_pylist(summary.pop("_rows"), schema=_CONTAMINATED)
+        with paths.open_file(paths.join(staging, CONTAMINATED_FILE), "wb") as handle:
+            pq.write_table(contaminated, handle, compression="zstd")
+        summary.update(documents_in=report.documents_in, documents_out=report.documents_out)
+        paths.write_text(paths.join(staging, REPORT_FILE), json.dumps(summary, indent=2))
+        report.details = summary
+        report.write(staging)
     return report
 
 

@@ -10,7 +10,8 @@ an `id` column gets one computed from `text`, and the output carries it.
     print(report.dropped)  # {"exact_duplicate": 1234}
 
 Output directory: the kept documents (part-*.parquet, in id-hash order: keel/flow's deduplicate),
-removed.parquet (id, duplicate_of, similarity, source: one row per removed document), stage.json.
+removed.parquet (id, duplicate_of, similarity, source: one row per removed document), stage.json,
+committed together (documents.stage_output). Input without a `text` column is refused.
 """
 
 from __future__ import annotations
@@ -63,11 +64,12 @@ def run_exact_dedup(
     options: RunOptions | None = None,
 ) -> documents.StageReport:
     """Keep the first document (input order: file, then row) of each id; write the kept documents,
-    then removed.parquet, then stage.json to `output`."""
+    removed.parquet and stage.json to `output`, committed together."""
     docs = read_parquet(documents.parquet_glob(input))
+    require_text(docs, input)
     has_ids = has_column(docs, documents.ID_COLUMN)
     num_shards = config.num_shards  # None: keel/flow's default, the input's shard count
-    with pooled(options) as options:
+    with documents.stage_output(output, input) as staging, pooled(options) as options:
         # pass 1, ids and sources only: the rows after the first of each id
         copies = read_parquet(
             documents.parquet_glob(input), columns=id_and_source_columns(docs, has_ids)
@@ -83,18 +85,18 @@ def run_exact_dedup(
         result = (
             with_ids_if_missing(docs, has_ids)
             .deduplicate(documents.ID_COLUMN, num_shards=num_shards)
-            .write_parquet(output, options=options)
+            .write_parquet(staging, options=options, commit=False)
         )
-    removed = removed.take(pc.sort_indices(removed, [("id", "ascending")]))  # a stable sort
-    write_removed(output, removed)
-    report = documents.StageReport(
-        STAGE,
-        documents_in=result.stages[0].rows_in,
-        documents_out=result.rows,
-        details={"config": asdict(config)},
-    )
-    report.drop(REASON, removed.column("id").to_pylist())
-    report.write(output)
+        removed = removed.take(pc.sort_indices(removed, [("id", "ascending")]))  # a stable sort
+        write_removed(staging, removed)
+        report = documents.StageReport(
+            STAGE,
+            documents_in=result.stages[0].rows_in,
+            documents_out=result.rows,
+            details={"config": asdict(config)},
+        )
+        report.drop(REASON, removed.column("id").to_pylist())
+        report.write(staging)
     return report
 
 
@@ -111,6 +113,17 @@ def has_column(docs: Dataset, name: str) -> bool:
     """Whether the input's schema (that of its first Parquet file) has column `name`."""
     schema = getattr(docs.source, "schema", None)
     return schema is not None and name in schema.names
+
+
+def require_text(docs: Dataset, input: object) -> None:
+    """UsageError unless the input's documents have a text column (an empty input passes: it
+    has no schema to check). Dedup compares texts, so a set without them is not a document set."""
+    schema = getattr(docs.source, "schema", None)
+    if schema is not None and documents.TEXT_COLUMN not in schema.names:
+        raise UsageError(
+            f"{input} has no {documents.TEXT_COLUMN!r} column (columns: "
+            f"{', '.join(schema.names)}): dedup needs a document set"
+        )
 
 
 def id_and_source_columns(docs: Dataset, has_ids: bool) -> list[str]:

@@ -7,20 +7,26 @@ output) with at least
     source  where the document came from (a file, a dataset name)
 plus optional `url` and attribute columns added by stages (scores, language, cluster, ...).
 
-A stage's output directory holds its kept documents as part files, then its side tables
-(removed.parquet, contaminated.parquet, ...) and `stage.json`, written after the documents
-(keel/flow commits the part files by replacing the directory). `stage.json` says documents in
-and out, and the dropped documents counted by reason with a sample of their ids: every dropped
-document is accounted for.
+A stage's output directory holds its kept documents as part files, its side tables
+(removed.parquet, contaminated.parquet, ...), `stage.json` and `_SUCCESS`. All are written into
+one staging directory and appear together in one commit (`stage_output`, keel.core.commit), so
+a killed stage leaves no output rather than documents without their record; `_SUCCESS` lists
+stage.json as a record, and a reader refuses a directory whose listed record is missing.
+`stage.json` says documents in and out, and the dropped documents counted by reason with a sample
+of their ids: every dropped document is accounted for.
+
+The output must be a new or empty directory or a previous output (it has _SUCCESS or stage.json)
+and must not be or contain an input: anything else is refused before the stage does any work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
@@ -28,16 +34,23 @@ import pyarrow.parquet as pq
 import xxhash
 
 from keel.core import paths
+from keel.core.commit import missing_records, staged_output
+from keel.core.errors import UsageError
+from keel.core.output_checks import InputPaths
 from keel.flow import Dataset, RunOptions
+from keel.flow.runner import SUCCESS_MARKER
 
 ID_COLUMN = "id"
 TEXT_COLUMN = "text"
 SOURCE_COLUMN = "source"
 URL_COLUMN = "url"
 STAGE_FILE = "stage.json"
+OUTPUT_KIND = "DataKit stage output"
 DROPPED_SAMPLE = 20
 """Dropped ids kept per reason in stage.json."""
 
+_FILE_SUFFIXES = (".parquet", ".jsonl", ".gz", ".zst", ".json")
+"""An input ending so is a file, not a document set directory."""
 _NEWLINES = re.compile(r"\r\n?|[\u2028\u2029\x85\x0b\x0c]")
 _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
 
@@ -80,6 +93,25 @@ class StageReport:
     @classmethod
     def read(cls, directory: str) -> StageReport:
         return cls(**json.loads(paths.read_text(paths.join(directory, STAGE_FILE))))
+
+
+@contextlib.contextmanager
+def stage_output(output: str | os.PathLike[str], inputs: InputPaths) -> Iterator[str]:
+    """The staging directory of a stage's whole output, committed as `output` when the block
+    ends: write the documents there with `write_parquet(staging, commit=False)`, then the side
+    tables, then stage.json (StageReport.write). `output` is checked (never an input, never a
+    directory of other files) and made writable before the block runs; on any error the staging
+    directory is removed. An input directory missing a record its _SUCCESS lists is refused."""
+    require_records(inputs)
+    with staged_output(
+        output,
+        marker=SUCCESS_MARKER,
+        kind=OUTPUT_KIND,
+        inputs=inputs,
+        replaces=(STAGE_FILE,),
+        records=(STAGE_FILE,),
+    ) as staging:
+        yield staging
 
 
 DROPS_SCHEMA = pa.schema(
@@ -137,10 +169,26 @@ def parquet_glob(directory_or_glob: str | Sequence[str]) -> str | list[str]:
 
 def _glob_of(directory_or_glob: str) -> str:
     if any(char in directory_or_glob for char in "*?[") or directory_or_glob.endswith(
-        (".parquet", ".jsonl", ".gz", ".zst", ".json")
+        _FILE_SUFFIXES
     ):
         return directory_or_glob
     return paths.join(directory_or_glob, "part-*.parquet")
+
+
+def require_records(inputs: InputPaths) -> None:
+    """UsageError for an input directory whose _SUCCESS lists a record (stage.json) that is
+    missing: a damaged copy of a stage output, whose drop accounting is lost. Globs and files,
+    and directories without records (a plain keel/flow write), pass."""
+    items = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs or ())
+    for item in map(os.fspath, items):
+        if any(char in item for char in "*?[") or item.endswith(_FILE_SUFFIXES):
+            continue
+        missing = missing_records(item, SUCCESS_MARKER)
+        if missing:
+            raise UsageError(
+                f"{item} is an incomplete stage output: its {SUCCESS_MARKER} lists "
+                f"{', '.join(missing)}, which is missing; run the stage that wrote it again"
+            )
 
 
 def merged_counts(counts: Sequence[Mapping[str, int]]) -> dict[str, int]:

@@ -27,7 +27,7 @@ import xxhash
 
 from keel.core import paths
 from keel.core.errors import UsageError
-from keel.data.documents import ID_COLUMN, TEXT_COLUMN, StageReport, parquet_glob
+from keel.data.documents import ID_COLUMN, TEXT_COLUMN, StageReport, parquet_glob, stage_output
 from keel.data.kmeans import fit_kmeans, nearest
 from keel.flow import Dataset, RunOptions, from_files, pooled, read_parquet
 
@@ -317,8 +317,9 @@ def run_embed(
     input: str, output: str, config: EmbedConfig = EmbedConfig(), options: RunOptions | None = None
 ) -> StageReport:
     """Add `embedding` and `cluster` to every document of `input` (a document-set directory or
-    glob) and write them to `output`, with the model (embed_model.parquet) and stage.json."""
-    with pooled(options) as options:  # one worker pool for all passes
+    glob) and write them to `output`, with the model (embed_model.parquet) and stage.json,
+    committed together."""
+    with stage_output(output, input) as staging, pooled(options) as options:  # one pool
         documents = _documents(parquet_glob(input))
         if config.model_path is not None:
             model = load_model(config.model_path, config)
@@ -326,14 +327,21 @@ def run_embed(
             count = _documents(parquet_glob(input), [ID_COLUMN]).count(options=options)
             model = fit_model(documents, count, config, options)
         result = documents.map_batches(lambda b: embed_batch(b, model)).write_parquet(
-            output, options=options
+            staging, options=options, commit=False
         )
-        save_model(model, paths.join(output, MODEL_FILE))
+        save_model(model, paths.join(staging, MODEL_FILE))
         sizes = np.zeros(config.clusters, dtype=np.int64)
         if result.rows:
-            clusters = _documents(parquet_glob(output), [CLUSTER_COLUMN]).to_table(options)
+            clusters = _documents(parquet_glob(staging), [CLUSTER_COLUMN]).to_table(options)
             sizes += np.bincount(clusters.column(CLUSTER_COLUMN).to_numpy(), minlength=sizes.size)
-    report = StageReport(
+        report = _report(result, model, sizes, config)
+        report.write(staging)
+    return report
+
+
+def _report(result, model: EmbedModel, sizes: np.ndarray, config: EmbedConfig) -> StageReport:
+    """The stage.json of an embed run: counts, the model and the cluster sizes (documents)."""
+    return StageReport(
         "embed",
         documents_in=result.stages[0].rows_in,
         documents_out=result.rows,
@@ -346,8 +354,6 @@ def run_embed(
             "cluster_sizes": sizes.tolist(),
         },
     )
-    report.write(output)
-    return report
 
 
 def _documents(pattern: str, columns: list[str] | None = None) -> Dataset:

@@ -111,18 +111,20 @@ def run_extract(
     """Turn a document set with an HTML column into one with `text` (the main text) and `id`
     (documents.document_id of it); the other columns are kept. Dropped, by reason: "missing_html"
     (null), "no_main_text" (nothing extracted), "empty_after_normalization"."""
-    glob = documents.parquet_glob(input)
-    schema = read_parquet(glob).source.schema
-    if schema is not None and config.html_field not in schema.names:
-        raise UsageError(
-            f"{input} has no column {config.html_field!r} (columns: {', '.join(schema.names)}): "
-            "set ExtractConfig.html_field to the column that holds the HTML"
-        )
-    staged = read_parquet(glob).map_batches(functools.partial(extract_batch, config=config))
-    report = documents.StageReport(STAGE, details={"config": dataclasses.asdict(config)})
-    with pooled(options) as options:
-        write_with_drops(staged, output, report, options)
-    report.write(output)
+    with documents.stage_output(output, input) as staging:
+        glob = documents.parquet_glob(input)
+        schema = read_parquet(glob).source.schema
+        if schema is not None and config.html_field not in schema.names:
+            raise UsageError(
+                f"{input} has no column {config.html_field!r} (columns: "
+                f"{', '.join(schema.names)}): set ExtractConfig.html_field to the column that "
+                "holds the HTML"
+            )
+        staged = read_parquet(glob).map_batches(functools.partial(extract_batch, config=config))
+        report = documents.StageReport(STAGE, details={"config": dataclasses.asdict(config)})
+        with pooled(options) as options:
+            write_with_drops(staged, staging, report, options)
+        report.write(staging)
     return report
 
 
@@ -212,16 +214,17 @@ def _strings(batch: pa.RecordBatch, name: str) -> list[str | None]:
 
 # -- kept rows out, dropped rows counted -------------------------------------------------------
 def write_with_drops(
-    staged: Dataset, output: str, report: documents.StageReport, options: RunOptions
+    staged: Dataset, staging: str, report: documents.StageReport, options: RunOptions
 ) -> FlowResult:
     """Run `staged` (rows with DROP_REASON and DROP_LOCATOR) once into a scratch directory beside
-    `output`; write its kept rows (DROP_REASON null, without the two columns) to `output`; add
+    `staging` (a documents.stage_output directory); place its kept rows (DROP_REASON null,
+    without the two columns) in `staging`; add
     rows in, rows out and the drops by reason (with DROP_LOCATOR samples) to `report`. Returns
     the staging run's result (its `skipped` holds what lenient reading skipped).
 
     Three passes, so that expensive per-row work (HTML extraction) runs once: a flow action has
     one output, and dropped rows must be counted as well as left out."""
-    scratch = f"{paths.normalize(output)}.scratch-{uuid.uuid4().hex[:12]}"
+    scratch = f"{paths.normalize(staging)}.scratch-{uuid.uuid4().hex[:12]}"
     try:
         first = staged.write_parquet(scratch, options=options)
         if first.files:
@@ -235,7 +238,9 @@ def write_with_drops(
             )
         else:  # no input rows at all
             kept, drops = from_items([]), []
-        written = kept.map_batches(_without_drop_columns).write_parquet(output, options=options)
+        written = kept.map_batches(_without_drop_columns).write_parquet(
+            staging, options=options, commit=False
+        )
     finally:
         paths.remove_tree(scratch)
     report.documents_in += first.rows

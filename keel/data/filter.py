@@ -119,40 +119,47 @@ def run_filter(
     options: RunOptions | None = None,
 ) -> documents.StageReport:
     """Keep the documents of `input` that pass every rule of `config`, into `output`."""
-    active = rules(config)
-    glob = documents.parquet_glob(input)
-    schema = read_parquet(glob).source.schema
-    missing = [rule for rule in active if schema is not None and rule.column not in schema.names]
-    if missing:
-        raise UsageError(
-            f"{input} has no column {missing[0].column!r}, which FilterConfig.{missing[0].name} "
-            "needs: add the attribute columns with keel.data.quality.run_quality, or set "
-            f"{missing[0].name}=None"
+    with documents.stage_output(output, input) as staging:
+        active = rules(config)
+        glob = documents.parquet_glob(input)
+        schema = read_parquet(glob).source.schema
+        missing = [
+            rule for rule in active if schema is not None and rule.column not in schema.names
+        ]
+        if missing:
+            raise UsageError(
+                f"{input} has no column {missing[0].column!r}, which "
+                f"FilterConfig.{missing[0].name} needs: add the attribute columns with "
+                f"keel.data.quality.run_quality, or set {missing[0].name}=None"
+            )
+        columns = [documents.ID_COLUMN, *dict.fromkeys(rule.column for rule in active)]
+
+        def drops_by_reason(batch: pa.RecordBatch) -> pa.RecordBatch:
+            return _drops_by_reason(batch, active)
+
+        def passing(batch: pa.RecordBatch) -> pa.RecordBatch:
+            return batch.filter(pa.array(first_failed_rule(batch, active) < 0))
+
+        found = documents.count_drops(
+            read_parquet(glob, columns=columns).map_batches(drops_by_reason), options
         )
-    columns = [documents.ID_COLUMN, *dict.fromkeys(rule.column for rule in active)]
-
-    def drops_by_reason(batch: pa.RecordBatch) -> pa.RecordBatch:
-        return _drops_by_reason(batch, active)
-
-    def passing(batch: pa.RecordBatch) -> pa.RecordBatch:
-        return batch.filter(pa.array(first_failed_rule(batch, active) < 0))
-
-    found = documents.count_drops(
-        read_parquet(glob, columns=columns).map_batches(drops_by_reason), options
-    )
-    written = read_parquet(glob).map_batches(passing).write_parquet(output, options=options)
-    report = documents.StageReport(
-        STAGE,
-        documents_in=written.stages[0].rows_in,
-        documents_out=written.rows,
-        details={"config": to_dict(config)},
-    )
-    for rule in active:
-        if rule.name in found:
-            report.drop(rule.name, found[rule.name]["ids"], count=found[rule.name]["count"])
-    if sum(report.dropped.values()) != report.documents_in - report.documents_out:
-        raise RuntimeError(f"filter drop counts {report.dropped} do not add up: {report}")
-    report.write(output)
+        written = (
+            read_parquet(glob)
+            .map_batches(passing)
+            .write_parquet(staging, options=options, commit=False)
+        )
+        report = documents.StageReport(
+            STAGE,
+            documents_in=written.stages[0].rows_in,
+            documents_out=written.rows,
+            details={"config": to_dict(config)},
+        )
+        for rule in active:
+            if rule.name in found:
+                report.drop(rule.name, found[rule.name]["ids"], count=found[rule.name]["count"])
+        if sum(report.dropped.values()) != report.documents_in - report.documents_out:
+            raise RuntimeError(f"filter drop counts {report.dropped} do not add up: {report}")
+        report.write(staging)
     return report
 
 

@@ -41,6 +41,7 @@ from keel.data.dedup import (
     REMOVED_SCHEMA,
     add_ids,
     has_column,
+    require_text,
     table_or_empty,
     with_ids_if_missing,
     write_removed,
@@ -99,12 +100,13 @@ def run_fuzzy_dedup(
     config: FuzzyDedupConfig = FuzzyDedupConfig(),
     options: RunOptions | None = None,
 ) -> documents.StageReport:
-    """Remove near-duplicates from the document set `input`; write the kept documents, then
-    removed.parquet, then stage.json to `output`."""
+    """Remove near-duplicates from the document set `input`; write the kept documents,
+    removed.parquet and stage.json to `output`, committed together."""
     glob = documents.parquet_glob(input)
     docs = read_parquet(glob)
+    require_text(docs, input)
     has_ids = has_column(docs, documents.ID_COLUMN)
-    with pooled(options) as options:
+    with documents.stage_output(output, input) as staging, pooled(options) as options:
         buckets = find_buckets(glob, has_ids, config, docs.source.num_shards, options)
         candidates = list(dict.fromkeys(doc_id for bucket in buckets for doc_id in bucket))
         found = candidate_signatures(glob, has_ids, candidates, config, options)
@@ -119,22 +121,21 @@ def run_fuzzy_dedup(
             kept = kept.filter(~pc.field(documents.ID_COLUMN).isin(removed_ids))
         if copies_kept:
             kept = kept.deduplicate(documents.ID_COLUMN, num_shards=docs.source.num_shards)
-        result = kept.write_parquet(output, options=options)
-
-    write_removed(output, removed)
-    report = documents.StageReport(
-        STAGE,
-        documents_in=result.stages[0].rows_in,
-        documents_out=result.rows,
-        details={
-            "buckets": len(buckets),
-            "candidates": len(candidates),
-            "clusters": len(pc.unique(removed.column("duplicate_of"))),
-            "config": asdict(config),
-        },
-    )
-    report.drop(REASON, removed.column("id").to_pylist())
-    report.write(output)
+        result = kept.write_parquet(staging, options=options, commit=False)
+        write_removed(staging, removed)
+        report = documents.StageReport(
+            STAGE,
+            documents_in=result.stages[0].rows_in,
+            documents_out=result.rows,
+            details={
+                "buckets": len(buckets),
+                "candidates": len(candidates),
+                "clusters": len(pc.unique(removed.column("duplicate_of"))),
+                "config": asdict(config),
+            },
+        )
+        report.drop(REASON, removed.column("id").to_pylist())
+        report.write(staging)
     return report
 
 

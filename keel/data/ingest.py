@@ -105,26 +105,27 @@ def run_ingest(
     options: RunOptions | None = None,
 ) -> documents.StageReport:
     """Read the files matching `input` (a glob or a file; any fsspec URL) into the document set
-    `output`: part files, then stage.json with the records dropped by reason."""
-    files = _files(input)
-    format = config.format or input_format(files)
-    report = documents.StageReport(
-        STAGE,
-        details={"config": dataclasses.asdict(config), "format": format, "files": len(files)},
-    )
-    staged = _staged(input, files, format, config)
-    with pooled(options) as options:
-        first = write_with_drops(staged, output, report, options)
-    skipped = first.skipped
-    report.documents_in += skipped.total
-    for category, count in sorted(skipped.counts.items()):
-        report.drop(category, count=count)
-    if skipped.sample:
-        report.details["malformed_sample"] = [
-            f"{file}:{line}: {reason}" if line is not None else f"{file}: {reason}"
-            for file, line, reason in skipped.sample[: documents.DROPPED_SAMPLE]
-        ]
-    report.write(output)
+    `output`: part files and stage.json with the records dropped by reason, committed together."""
+    with documents.stage_output(output, input) as staging:
+        files = _files(input)
+        format = config.format or input_format(files)
+        report = documents.StageReport(
+            STAGE,
+            details={"config": dataclasses.asdict(config), "format": format, "files": len(files)},
+        )
+        staged = _staged(input, files, format, config)
+        with pooled(options) as options:
+            first = write_with_drops(staged, staging, report, options)
+        skipped = first.skipped
+        report.documents_in += skipped.total
+        for category, count in sorted(skipped.counts.items()):
+            report.drop(category, count=count)
+        if skipped.sample:
+            report.details["malformed_sample"] = [
+                f"{file}:{line}: {reason}" if line is not None else f"{file}: {reason}"
+                for file, line, reason in skipped.sample[: documents.DROPPED_SAMPLE]
+            ]
+        report.write(staging)
     return report
 
 

@@ -24,12 +24,14 @@ import xxhash
 
 from keel.core import paths
 from keel.core.errors import UsageError
-from keel.data.documents import StageReport, parquet_glob
-from keel.flow import FlowResult, RunOptions, read_parquet
-from keel.flow.runner import commit_files
+from keel.data.documents import StageReport, parquet_glob, stage_output
+from keel.flow import RunOptions, read_parquet
+from keel.flow.runner import place_parts
 from keel.steps import Step
 
 MIX_FILE = "mix.json"
+SOURCES_DIR = ".sources"
+"""Inside the staging directory: each source's taken documents, before they become the parts."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,8 @@ class SourcePlan:
 
 
 def run_mix(config: MixConfig, output: str, options: RunOptions | None = None) -> StageReport:
-    """Write the mixture of `config.sources` to `output` (documents, mix.json, stage.json)."""
+    """Write the mixture of `config.sources` to `output` (documents, mix.json, stage.json),
+    committed together."""
     if not config.sources:
         raise UsageError("mix needs at least one source: MixConfig(sources=(MixSource(...), ...))")
     if any(source.weight <= 0 for source in config.sources):
@@ -72,30 +75,31 @@ def run_mix(config: MixConfig, output: str, options: RunOptions | None = None) -
     names = [source.name or _default_name(source.input) for source in config.sources]
     if len(set(names)) != len(names):
         raise UsageError(f"mix: source names must differ, got {names}; set MixSource.name")
-    available = [
-        _tokens(source.input, config.bytes_per_token, options) for source in config.sources
-    ]
-    plans = _plan(config, names, available)
-    staging = f"{paths.normalize(output)}.parts"
-    combined = FlowResult()
-    for index, (source, plan) in enumerate(zip(config.sources, plans, strict=True)):
-        result = _take(source, plan, config, paths.join(staging, f"{index:03d}"), options)
-        plan.documents_available = result.stages[0].rows_in
-        plan.documents_taken = result.rows
-        combined.files.extend(result.files)
-    plan_tokens = _taken_tokens(combined.files, config.bytes_per_token)
-    for plan in plans:
-        plan.tokens_taken = plan_tokens.get(plan.name, 0)
-    commit_files(combined, output)
-    paths.remove_tree(staging)
-    report = StageReport(
-        "mix",
-        documents_in=sum(plan.documents_available for plan in plans),
-        documents_out=sum(plan.documents_taken for plan in plans),
-    )
-    report.details = {"sources": [asdict(plan) for plan in plans]}
-    paths.write_text(paths.join(output, MIX_FILE), json.dumps(report.details, indent=2))
-    report.write(output)
+    with stage_output(output, [source.input for source in config.sources]) as staging:
+        available = [
+            _tokens(source.input, config.bytes_per_token, options) for source in config.sources
+        ]
+        plans = _plan(config, names, available)
+        taken = paths.join(staging, SOURCES_DIR)
+        files: list[str] = []
+        for index, (source, plan) in enumerate(zip(config.sources, plans, strict=True)):
+            result = _take(source, plan, config, paths.join(taken, f"{index:03d}"), options)
+            plan.documents_available = result.stages[0].rows_in
+            plan.documents_taken = result.rows
+            files.extend(result.files)
+        plan_tokens = _taken_tokens(files, config.bytes_per_token)
+        for plan in plans:
+            plan.tokens_taken = plan_tokens.get(plan.name, 0)
+        place_parts(files, staging)
+        paths.remove_tree(taken)
+        report = StageReport(
+            "mix",
+            documents_in=sum(plan.documents_available for plan in plans),
+            documents_out=sum(plan.documents_taken for plan in plans),
+        )
+        report.details = {"sources": [asdict(plan) for plan in plans]}
+        paths.write_text(paths.join(staging, MIX_FILE), json.dumps(report.details, indent=2))
+        report.write(staging)
     return report
 
 
@@ -124,7 +128,7 @@ def _take(source: MixSource, plan: SourcePlan, config: MixConfig, directory: str
         return [{**document, "mix_source": name, "epoch": epoch} for epoch in range(whole + extra)]
 
     dataset = read_parquet(parquet_glob(source.input)).flat_map(copies)
-    return dataset.write_parquet(directory, options=options)
+    return dataset.write_parquet(directory, options=options, commit=False)
 
 
 def _unit_hash(document_id: str, seed: int) -> float:

@@ -227,16 +227,17 @@ def run_train_quality(
         raise UsageError(
             f"run_train_quality needs input=(positive, negative) document sets, got {input!r}"
         )
-    model = train_quality_classifier(input[0], input[1], config, options)
-    model.save(paths.join(output, MODEL_FILE))
-    read = model.metrics["positive_documents"] + model.metrics["negative_documents"]
-    report = documents.StageReport(
-        "quality_train",
-        documents_in=read,
-        documents_out=read,
-        details={"model_file": MODEL_FILE, **model.metrics},
-    )
-    report.write(output)
+    with documents.stage_output(output, input) as staging:
+        model = train_quality_classifier(input[0], input[1], config, options)
+        model.save(paths.join(staging, MODEL_FILE))
+        read = model.metrics["positive_documents"] + model.metrics["negative_documents"]
+        report = documents.StageReport(
+            "quality_train",
+            documents_in=read,
+            documents_out=read,
+            details={"model_file": MODEL_FILE, **model.metrics},
+        )
+        report.write(staging)
     return report
 
 
@@ -257,26 +258,27 @@ def run_quality(
 ) -> documents.StageReport:
     """Every document of `input`, with the attribute columns added (replaced if present), to
     `output`; then stage.json. No document is dropped."""
-    model = QualityModel.load(config.model_path) if config.model_path else None
+    with documents.stage_output(output, input) as staging:
+        model = QualityModel.load(config.model_path) if config.model_path else None
 
-    def annotate(batch: pa.RecordBatch) -> pa.RecordBatch:
-        return quality_attributes(batch, model)
+        def annotate(batch: pa.RecordBatch) -> pa.RecordBatch:
+            return quality_attributes(batch, model)
 
-    written = (
-        read_parquet(documents.parquet_glob(input))
-        .map_batches(annotate)
-        .write_parquet(output, options=options)
-    )
-    report = documents.StageReport(
-        STAGE,
-        documents_in=written.stages[0].rows_in,
-        documents_out=written.rows,
-        details={
-            "model_path": config.model_path,
-            "model_metrics": model.metrics if model else None,
-        },
-    )
-    report.write(output)
+        written = (
+            read_parquet(documents.parquet_glob(input))
+            .map_batches(annotate)
+            .write_parquet(staging, options=options, commit=False)
+        )
+        report = documents.StageReport(
+            STAGE,
+            documents_in=written.stages[0].rows_in,
+            documents_out=written.rows,
+            details={
+                "model_path": config.model_path,
+                "model_metrics": model.metrics if model else None,
+            },
+        )
+        report.write(staging)
     return report
 
 

@@ -31,7 +31,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from keel.core import paths
 from keel.core.errors import UsageError
-from keel.data.documents import TEXT_COLUMN, StageReport, parquet_glob
+from keel.data.documents import TEXT_COLUMN, StageReport, parquet_glob, stage_output
 from keel.data.token_cache import (
     TOKENIZER_FILE,
     Manifest,
@@ -40,7 +40,6 @@ from keel.data.token_cache import (
     write_manifest,
 )
 from keel.flow import Dataset, RunOptions, SkipLog, from_files, read_parquet
-from keel.flow.runner import SUCCESS_MARKER
 
 logger = logging.getLogger(__name__)
 
@@ -182,9 +181,16 @@ def run_tokenize(
     options: RunOptions | None = None,
 ) -> StageReport:
     """Tokenize a document set into a token cache at `output`: shard-NNNNN.bin, tokenizer.json,
-    manifest.json, stage.json. An input without documents is a UsageError (nothing to train on,
-    no window to read), raised before anything is written."""
-    options = options or RunOptions()
+    manifest.json, stage.json and _SUCCESS, committed together. An input without documents is a
+    UsageError (nothing to train on, no window to read), and leaves nothing behind."""
+    with stage_output(output, input) as staging:
+        return _tokenize_into(staging, input, config, options or RunOptions())
+
+
+def _tokenize_into(
+    staging: str, input: str | Sequence[str], config: TokenizeConfig, options: RunOptions
+) -> StageReport:
+    """run_tokenize's work: every file of the token cache written into `staging`."""
     docs = _read(parquet_glob(input), config.text_column)
     if not _has_documents(docs):
         raise UsageError(f"no documents in {input}: nothing to tokenize")
@@ -211,16 +217,16 @@ def run_tokenize(
     if options.settings.chunk_rows > config.chunk_documents:
         settings = replace(options.settings, chunk_rows=config.chunk_documents)
         options = replace(options, settings=settings)
-    result = docs.map_batches(encoder).write_parquet(output, options=options)
+    result = docs.map_batches(encoder).write_parquet(staging, options=options, commit=False)
 
-    writer = ShardWriter(output, dtype, eos_id, config.shard_bytes)
+    writer = ShardWriter(staging, dtype, eos_id, config.shard_bytes)
     for part in result.files:
         for tokens, ends in _part_documents(part, dtype):
             writer.append(tokens, ends)
     shards = tuple(writer.close())
-    with paths.open_file(paths.join(output, TOKENIZER_FILE), "wb") as handle:
+    with paths.open_file(paths.join(staging, TOKENIZER_FILE), "wb") as handle:
         handle.write(data)
-    for name in [*result.files, paths.join(output, SUCCESS_MARKER)]:
+    for name in result.files:
         _remove(name)
     manifest = Manifest(
         tokenizer_sha256=hashlib.sha256(data).hexdigest(),
@@ -233,7 +239,7 @@ def run_tokenize(
         shards=shards,
         details={"tokenizer": report.details["tokenizer"]},
     )
-    write_manifest(output, manifest)
+    write_manifest(staging, manifest)
     report.documents_in = report.documents_out = result.rows
     report.details.update(
         tokens=manifest.total_tokens,
@@ -242,7 +248,7 @@ def run_tokenize(
         dtype=dtype.name,
         tokenizer_sha256=manifest.tokenizer_sha256,
     )
-    report.write(output)
+    report.write(staging)
     logger.info("tokenized %d documents into %d tokens", result.rows, manifest.total_tokens)
     return report
 

@@ -116,10 +116,16 @@ class Dataset:
         directory: str | os.PathLike[str],
         target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
         options: RunOptions | None = None,
+        commit: bool = True,
         **overrides: Any,
     ) -> FlowResult:
-        """Write zstd Parquet files `part-NNNNN-of-NNNNN.parquet` to `directory`, atomically."""
-        output = FileOutput("parquet", target_file_bytes, os.fspath(directory))
+        """Write zstd Parquet files `part-NNNNN-of-NNNNN.parquet` to `directory`, atomically.
+
+        `directory` must be new, empty, or a previous output (it has _SUCCESS), and must not hold
+        an input: anything else is refused before the run starts (keel.core.commit). With
+        `commit=False` the files go into `directory` as they are, for a caller that writes more
+        files beside them and commits the whole (keel.core.commit.staged_output's staging)."""
+        output = FileOutput("parquet", target_file_bytes, os.fspath(directory), commit)
         return self.run(output, options, **overrides)
 
     def write_jsonl(
@@ -127,10 +133,12 @@ class Dataset:
         directory: str | os.PathLike[str],
         target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
         options: RunOptions | None = None,
+        commit: bool = True,
         **overrides: Any,
     ) -> FlowResult:
-        """Write JSON Lines files `part-NNNNN-of-NNNNN.jsonl` to `directory`, atomically."""
-        output = FileOutput("jsonl", target_file_bytes, os.fspath(directory))
+        """Write JSON Lines files `part-NNNNN-of-NNNNN.jsonl` to `directory`, atomically (see
+        write_parquet for what `directory` may be, and `commit`)."""
+        output = FileOutput("jsonl", target_file_bytes, os.fspath(directory), commit)
         return self.run(output, options, **overrides)
 
     def take(self, n: int, options: RunOptions | None = None, **overrides: Any) -> list[Row]:

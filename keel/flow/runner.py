@@ -3,7 +3,12 @@
 Stage k's tasks are its source shards (first stage) or the partitions of stage k-1's shuffle. A
 stage starts when the previous one has finished, and its tasks go to whichever worker is free.
 File outputs are renamed, in task order, to `part-00000-of-00008.parquet` style names in a staging
-directory that is then committed atomically (core.commit), with a `_SUCCESS` marker.
+directory that is then committed atomically (core.commit.staged_output), with a `_SUCCESS` marker.
+The output path is checked before the first stage runs (never an input, never a directory of
+someone else's files), and the staging directory is removed when the run fails.
+
+Shuffle files go to a work directory, `keel-flow-{pid}-{start}-*` in the system's temporary
+directory unless RunOptions.work_dir names one; each run removes those whose process is gone.
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from keel.core import paths
-from keel.core.commit import commit_directory
+from keel.core.commit import staged_output
+from keel.core.owned import owner_tag, remove_abandoned
 from keel.flow import sources
 from keel.flow.backends import Backend, make_backend
 from keel.flow.ops import Deduplicate, GroupBy, Repartition
 from keel.flow.plan import StagePlan
 from keel.flow.readers import SkipLog
 from keel.flow.shuffle import Segment, concat_batches, read_segments
-from keel.flow.sources import Source
+from keel.flow.sources import FileSource, Source
 from keel.flow.tasks import (
     CollectOutput,
     FileOutput,
@@ -50,6 +56,8 @@ from keel.telemetry import sink
 logger = logging.getLogger(__name__)
 
 SUCCESS_MARKER = sources.SUCCESS_MARKER
+OUTPUT_KIND = "keel/flow output"
+WORK_DIR_PREFIX = "keel-flow-"
 BACKEND_ENV = "KEEL_FLOW_BACKEND"
 RAY_ADDRESS_ENV = "KEEL_RAY_ADDRESS"
 
@@ -109,13 +117,31 @@ class RunOptions:
 def execute(
     source: Source, stages: Sequence[StagePlan], output: Output, options: RunOptions
 ) -> FlowResult:
+    """Run `stages` over `source` into `output`. A file output that commits itself is staged
+    (and its path checked) before the first stage starts."""
+    if not isinstance(output, FileOutput) or not output.commit:
+        return _execute(source, stages, output, options)
+    inputs = source.files if isinstance(source, FileSource) else ()
+    with staged_output(
+        output.destination, marker=SUCCESS_MARKER, kind=OUTPUT_KIND, inputs=inputs
+    ) as staging:
+        result = _execute(source, stages, dataclasses.replace(output, destination=staging), options)
+        paths.write_text(paths.join(staging, SUCCESS_MARKER), "")
+    final = paths.normalize(output.destination)
+    result.files = [paths.join(final, _name(path)) for path in result.files]
+    return result
+
+
+def _execute(
+    source: Source, stages: Sequence[StagePlan], output: Output, options: RunOptions
+) -> FlowResult:
     owned = isinstance(options.backend, str)
     backend = (
         make_backend(options.backend, options.workers, options.ray_address)
         if isinstance(options.backend, str)
         else options.backend
     )
-    work_dir = options.work_dir or tempfile.mkdtemp(prefix="keel-flow-")
+    work_dir = options.work_dir or _new_work_dir()
     run_dir = paths.join(work_dir, f"run-{uuid.uuid4().hex[:12]}")
     result = FlowResult()
     try:
@@ -183,20 +209,29 @@ def pooled(options: RunOptions | None = None) -> Iterator[RunOptions]:
         backend.close()
 
 
-def commit_files(result: FlowResult, directory: str) -> None:
-    """Publish the run's files in `directory` as part-NNNNN-of-NNNNN.ext, atomically."""
-    staging = f"{paths.normalize(directory)}.staging-{uuid.uuid4().hex[:12]}"
-    paths.make_dirs(staging)
-    count = len(result.files)
-    final: list[str] = []
-    for number, source in enumerate(result.files):
+def place_parts(files: Sequence[str], directory: str) -> list[str]:
+    """Move `files` into `directory` (a staging directory) as part-NNNNN-of-NNNNN.ext, in order;
+    returns their new paths."""
+    placed: list[str] = []
+    for number, source in enumerate(files):
         extension = source.rsplit(".", 1)[-1]
-        name = f"part-{number:05d}-of-{count:05d}.{extension}"
-        paths.move_file(source, paths.join(staging, name))
-        final.append(paths.join(paths.normalize(directory), name))
-    paths.write_text(paths.join(staging, SUCCESS_MARKER), "")
-    commit_directory(staging, paths.normalize(directory), marker=SUCCESS_MARKER)
-    result.files = final
+        target = paths.join(directory, f"part-{number:05d}-of-{len(files):05d}.{extension}")
+        paths.move_file(source, target)
+        placed.append(target)
+    return placed
+
+
+def _name(path: str) -> str:
+    """The file name of a local path or URL."""
+    return path.rsplit("/", 1)[-1]
+
+
+def _new_work_dir() -> str:
+    """A fresh work directory in the system's temporary directory, named for this process;
+    those of processes that are gone (killed runs) are removed first."""
+    temporary = tempfile.gettempdir()
+    remove_abandoned(temporary, WORK_DIR_PREFIX)
+    return tempfile.mkdtemp(prefix=f"{WORK_DIR_PREFIX}{owner_tag()}-", dir=temporary)
 
 
 def _shuffle_output(op: GroupBy | Deduplicate | Repartition) -> ShuffleOutput:
@@ -256,8 +291,9 @@ def _run_stage(backend, stage, tasks, retries, progress):
 
 def _finish(output: Output, results: list[TaskResult], result: FlowResult) -> None:
     if isinstance(output, FileOutput):
-        result.files = [path for task_result in results for path in task_result.files]
-        commit_files(result, output.destination)
+        files = [path for task_result in results for path in task_result.files]
+        paths.make_dirs(output.destination)
+        result.files = place_parts(files, output.destination)
     elif isinstance(output, CollectOutput):
         segments = [Segment(path, 0, 0) for task_result in results for path in task_result.files]
         table = concat_batches(list(read_segments(segments)))

@@ -17,7 +17,7 @@ from keel.flow.readers import MalformedInputError, SkipLog, parquet_schema, read
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 SUCCESS_MARKER = "_SUCCESS"
-"""Written last into a committed keel/flow output directory (see runner.commit_files)."""
+"""Written last into a committed keel/flow output directory (see runner.execute)."""
 COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
 
 

@@ -82,11 +82,14 @@ class ShuffleOutput:
 @dataclass(frozen=True)
 class FileOutput:
     """Files of `format` ("parquet" or "jsonl") of about `target_bytes` each, committed to
-    `destination` when the run ends."""
+    `destination` when the run ends (see runner.execute)."""
 
     format: str
     target_bytes: int
     destination: str
+    commit: bool = True
+    """False: the files are placed in `destination`, a staging directory the caller commits
+    (keel.core.commit.staged_output), with no _SUCCESS and no commit of their own."""
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from keel.data.documents import document_id
 from keel.flow import from_items
 
@@ -132,3 +134,67 @@ def test_tokenize_needs_exactly_one_tokenizer_source(cli):
     result = cli.run("data", "tokenize", "--input", "x", "--output", "y")
     assert result.returncode == 2
     assert "exactly one of --train-tokenizer and --tokenizer" in result.stderr
+
+
+# -- --output may only be a new/empty directory or a previous output, never an input ----------
+DATA_COMMANDS_WITH_OUTPUT = {
+    "ingest": ["ingest", "--input", "{raw}"],
+    "extract": ["extract", "--input", "{docs}"],
+    "quality": ["quality", "--input", "{docs}"],
+    "filter": ["filter", "--input", "{docs}"],
+    "embed": ["embed", "--input", "{docs}"],
+    "dedup-exact": ["dedup", "--mode", "exact", "--input", "{docs}"],
+    "dedup-fuzzy": ["dedup", "--mode", "fuzzy", "--input", "{docs}"],
+    "decontam": ["decontam", "--eval", "{eval}", "--input", "{docs}"],
+    "tokenize": ["tokenize", "--train-tokenizer", "--input", "{docs}"],
+    "mix": ["mix", "--source", "{docs}=1"],
+}
+
+
+def _checksums(root: Path) -> dict[str, str]:
+    """Every file and directory under `root`: path -> sha256 of its bytes ("dir" for dirs)."""
+    import hashlib
+
+    found = {}
+    for path in sorted(root.rglob("*")):
+        key = str(path.relative_to(root))
+        found[key] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+@pytest.mark.parametrize("target", ["cwd", "input", "parent-of-input"])
+@pytest.mark.parametrize("command", sorted(DATA_COMMANDS_WITH_OUTPUT))
+def test_output_that_is_cwd_or_holds_an_input_is_refused_and_nothing_is_touched(
+    tmp_path, monkeypatch, command, target
+):
+    """The real `keel data` commands (in process, for speed): one `error:` line, exit 2, and the
+    whole tree byte for byte as it was."""
+    from typer.testing import CliRunner
+
+    from keel.cli.main import app
+    from keel.data.documents import write_texts
+
+    tree = tmp_path / "tree"
+    (tree / "notes").mkdir(parents=True)
+    (tree / "notes" / "todo.txt").write_text("unrelated user file\n")
+    docs = write_texts(tree / "data" / "docs", ["alpha beta", "gamma delta"], 1, "t")
+    raw = tree / "data" / "raw.jsonl"
+    raw.write_text('{"text": "alpha"}\n')
+    eval_set = tree / "eval.jsonl"
+    eval_set.write_text('{"question": "what"}\n')
+    monkeypatch.chdir(tree)
+    args = [
+        part.format(docs=docs, raw=raw, eval=eval_set)
+        for part in DATA_COMMANDS_WITH_OUTPUT[command]
+    ]
+    input_path = Path(docs) if command != "ingest" else raw
+    output = {"cwd": ".", "input": str(input_path), "parent-of-input": str(tree / "data")}[target]
+    if command == "ingest" and target == "input":
+        output = str(raw)  # the input is a file: refused as an output too
+    before = _checksums(tmp_path)
+    result = CliRunner().invoke(app, ["data", *args, "--output", output, "--workers", "1"])
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), result.output
+    assert "refus" in lines[0], lines[0]
+    assert _checksums(tmp_path) == before

@@ -137,7 +137,8 @@ def test_one_and_two_workers_write_identical_caches(built, tmp_path):
     one = files(tmp_path / "one")
     assert one == files(built[0] / "cache")
     assert {"manifest.json", "tokenizer.json", "stage.json", "shard-00000.bin"} <= set(one)
-    assert not [name for name in one if name.endswith(".parquet") or name == "_SUCCESS"]
+    assert not [name for name in one if name.endswith(".parquet")]
+    assert json.loads(one["_SUCCESS"]) == {"records": ["stage.json"]}  # the commit marker
 
 
 def test_training_is_deterministic(docs):
