@@ -3,7 +3,7 @@ one place: an ASGI middleware that checks each request before the application se
 
 A request passes when, in this order:
 1. its Host names this server (a loopback name or the bound address, with the bound port;
-   beyond loopback also this machine's names, and any name on a wildcard bind): else 421.
+   beyond loopback also this machine's host name, and any name on a wildcard bind): else 421.
    A page whose DNS name was rebound to 127.0.0.1 sends its own name, so it is refused;
 2. it has no Origin, or the server's own (and no cross-site Sec-Fetch-Site): else 403;
 3. with a token set: `Authorization: Bearer TOKEN`, compared in constant time: else 401;
@@ -145,8 +145,10 @@ class PolicyGuard:
         self.any_host = bound in WILDCARD_HOSTS
         names = {*LOOPBACK_NAMES, bound, *(name.lower() for name in policy.allowed_hosts)}
         if not is_loopback(bound):
-            names |= {socket.gethostname().lower(), socket.getfqdn().lower()}
+            names.add(socket.gethostname().lower())
         self.host_names = frozenset(names)
+        shown = "127.0.0.1" if is_loopback(bound) or self.any_host else host
+        self._own = f"http://{shown}:{port}"
         self._token = policy.token.encode() if policy.token else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -188,8 +190,8 @@ class PolicyGuard:
         if port != self.port or name is None or not (self.any_host or name in self.host_names):
             raise HttpError(
                 421,
-                f"Host {given!r} does not name this server: use http://127.0.0.1:{self.port} "
-                "(or the address it is bound to)",
+                f"Host {given!r} does not name this server: use {self._own} (DNS rebinding "
+                "and foreign names are refused)",
             )
         return name, port
 

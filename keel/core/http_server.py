@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route, Router
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from keel.core.errors import UsageError
+from keel.core.errors import KeelError, UsageError
 from keel.core.http import (
     JSON,
     AsgiApp,
@@ -126,6 +126,8 @@ class HttpServer:
         self._thread.start()
         while not self._server.started and self._thread.is_alive():
             self._stopping.wait(0.01)
+        if not self._server.started:
+            raise KeelError(f"the {self.name} server did not start: see the log above")
         return self
 
     def serve_forever(self) -> None:
