@@ -22,11 +22,15 @@ What it measures, per preset (medians over --repeats rounds, all in one process)
         [--steps 20] [--warmup 3] [--repeats 3] [--breakdown]
     python benchmarks/train_bench.py --device gpu      # 1b-dense, 1b-moe in bfloat16
     python benchmarks/train_bench.py --device gpu --presets 1b-moe@ragged,1b-moe@blocks
-    python benchmarks/train_bench.py --device gpu --smoke   # the GPU path, shrunk, on any device
+    python benchmarks/train_bench.py --smoke   # the GPU path, shrunk, on any device (CI)
 
 --device cpu computes in float32 (the peak is a float32 matmul); --device gpu in bfloat16 with
-each preset's remat, and stops at once if jax sees no GPU. --smoke runs the GPU path on tiny
-presets (bfloat16, remat on, batch 4) so it can be checked on a CPU. A preset named
+each preset's remat, and stops at once if jax sees no GPU. --smoke is what CI runs (on a CPU,
+in ~20 s): the GPU path (bfloat16, remat on, the memory fitting and its probe step) on the tiny
+presets at batch 4, 1 round of 1 timed step, a [256, 256] peak matmul, the table and the JSON line;
+on a CPU, where XLA's compile dominates a smoke run, the jitted functions are compiled with
+XLA's cheapest backend optimization (SMOKE_CPU_COMPILER_OPTIONS: the same program, compiled
+in seconds, run slower), so its step times are not comparable to a real run's. A preset named
 NAME@ragged or NAME@blocks sets model.grouped_matmul (the routed experts' grouped matmul;
 "auto" picks ragged on TPU, blocks elsewhere). On the GPU path a preset whose update does not
 fit in memory (XLA's estimate above the device's limit, or a probe step out of memory) is
@@ -77,9 +81,17 @@ DEFAULT_KEYS = ("presets", "steps", "warmup", "repeats", "matmul_size", "budget_
 DEFAULTS = {
     "cpu": ("tiny-dense,tiny-moe", 20, 3, 3, 2048, 0.0, 0),
     "gpu": ("1b-dense,1b-moe", 10, 3, 2, 8192, 420.0, 2),
-    "smoke": ("tiny-dense,tiny-moe", 2, 1, 1, 256, 0.0, 2),
+    "smoke": ("tiny-dense,tiny-moe", 1, 0, 1, 256, 0.0, 2),
 }
 SMOKE_BATCH = 4
+SMOKE_CPU_COMPILER_OPTIONS = {
+    "xla_backend_optimization_level": 0,
+    "xla_llvm_disable_expensive_passes": True,
+    "xla_cpu_use_fusion_emitters": False,
+}
+"""XLA options for a smoke run on a CPU: they cut the CPU seconds of compiling the tiny presets'
+updates and initializers about 3x (~40 s to ~13 s on 2 loaded cores); the steps run slower, which
+a smoke run does not measure."""
 GROUPED_KINDS = ("auto", "ragged", "blocks")
 GIB = 2**30
 
@@ -93,11 +105,15 @@ class Bench:
     update: jax.stages.Compiled
     init: Callable[[], TrainState]
     """A fresh state (parameters from the config's seed, zero optimizer state)."""
+    state_shapes: TrainState
+    """The state's shapes and dtypes (jax.ShapeDtypeStruct leaves)."""
     compile_s: float
     memory: tuple[int, int] | None
     """XLA's (held, temporary) bytes for one update; see _memory."""
     first_batch: int = 0
     """The batch size tried first (the preset's), when memory made this one smaller."""
+    smoke: bool = False
+    """Compiled for a smoke run (see compiler_options)."""
     breakdown: dict | None = None
     """{"forward": compiled loss, "backward": compiled gradient}"""
     rounds: list[dict] = field(default_factory=list)
@@ -185,48 +201,61 @@ def _loss_fn(config: TrainConfig):
     return loss
 
 
+def compiler_options(smoke: bool) -> dict | None:
+    """XLA options for every function this benchmark compiles: the cheap ones for a smoke run on
+    a CPU, None (XLA's defaults) otherwise."""
+    if smoke and jax.devices()[0].platform == "cpu":
+        return dict(SMOKE_CPU_COMPILER_OPTIONS)
+    return None
+
+
 def prepare(name: str, device: str, smoke: bool, batch_size: int = 0) -> Bench:
     """Build the preset's update from the trainer's public pieces and compile it."""
     config = bench_config(name, device, smoke, batch_size).validate()
     model = config.model
+    options = compiler_options(smoke)
     learning_rate = piecewise_lr(config.segments())
-    make_params = jax.jit(lambda k: init_params(k, model))
-    labels = param_labels(jax.eval_shape(make_params, jax.random.key(config.seed)))
+    key = jax.random.key(config.seed)
+    labels = param_labels(jax.eval_shape(lambda k: init_params(k, model), key))
     optimizer = build_optimizer(config.optimizer, learning_rate, labels)
     token_bytes = jnp.asarray(np.ones(model.vocab_size, np.int32))
     functions = build_step_functions(
         config, optimizer, learning_rate, token_bytes, eos_id=0, mesh=None
     )
-    init_optimizer = jax.jit(optimizer.init)
 
-    def init() -> TrainState:
-        key = jax.random.key(config.seed)  # fresh: the update donates the state's key data
-        params = make_params(key)
+    def fresh_state(key: jax.Array) -> TrainState:
+        params = init_params(key, model)
         return TrainState(
             params=params,
-            opt_state=init_optimizer(params),
+            opt_state=optimizer.init(params),
             router_bias=init_router_bias(model),
             step=jnp.zeros((), jnp.int32),
             rng=jax.random.key_data(key),
         )
 
-    state = jax.eval_shape(init)
+    init_state = jax.jit(fresh_state, compiler_options=options)
+
+    def init() -> TrainState:
+        return init_state(jax.random.key(config.seed))  # fresh: the update donates its key data
+
+    state = jax.eval_shape(fresh_state, key)
     window = jax.ShapeDtypeStruct((config.batch_size, config.phases[0].seq_len + 1), jnp.int32)
     started = time.perf_counter()
-    update = functions.update.lower(state, window).compile()
+    update = functions.update.lower(state, window).compile(compiler_options=options)
     compile_s = time.perf_counter() - started
-    return Bench(name, config, update, init, compile_s, _memory(update))
+    return Bench(name, config, update, init, state, compile_s, _memory(update), smoke=smoke)
 
 
 def compile_breakdown(bench: Bench) -> None:
     """The loss alone and its gradient, compiled for the same shapes as the update."""
     loss = _loss_fn(bench.config)
-    state = jax.eval_shape(bench.init)
+    state = bench.state_shapes
     window = jax.ShapeDtypeStruct((bench.config.batch_size, bench.seq_len + 1), jnp.int32)
     args = (state.params, state.router_bias, window)
+    options = compiler_options(bench.smoke)
     bench.breakdown = {
-        "forward": jax.jit(loss).lower(*args).compile(),
-        "backward": jax.jit(jax.grad(loss)).lower(*args).compile(),
+        "forward": jax.jit(loss).lower(*args).compile(compiler_options=options),
+        "backward": jax.jit(jax.grad(loss)).lower(*args).compile(compiler_options=options),
     }
 
 
@@ -463,7 +492,9 @@ def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
-    parser.add_argument("--smoke", action="store_true", help="the GPU path, shrunk, on any device")
+    parser.add_argument(
+        "--smoke", action="store_true", help="the GPU path, shrunk, on any device (what CI runs)"
+    )
     parser.add_argument(
         "--presets", help="comma-separated presets, each NAME or NAME@ragged / NAME@blocks"
     )
@@ -533,6 +564,7 @@ def main() -> None:
         "matmul_size": size,
         "matmul_dtype": dtype,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "compiler_options": compiler_options(args.smoke),
         "peaks": peaks,
         "results": results,
     }
