@@ -21,9 +21,10 @@ from keel.cli.output import stdout, user_errors
 from keel.core.errors import UsageError
 from keel.telemetry import wire
 from keel.telemetry.client import HttpTelemetry, Telemetry, poll_rows
-from keel.telemetry.schema import TelemetryInputError
+from keel.telemetry.schema import TelemetryInputError, to_table
 from keel.telemetry.server import TelemetryServer
 from keel.telemetry.store import StoreOptions, TelemetryStore
+from keel.telemetry.times import check_time_unit
 
 logger = logging.getLogger(__name__)
 
@@ -104,16 +105,29 @@ def write_command(
     url: str | None = URL,
     token: str | None = TOKEN,
     as_json: bool = typer.Option(False, "--json", help="Print {namespace, rows} as JSON."),
+    time_unit: str | None = typer.Option(
+        None,
+        "--time-unit",
+        help="Read epoch numbers in time columns as s, ms, us or ns since 1970 (without it they "
+        "are refused: send ISO-8601 text); a namespace this write creates keeps the unit.",
+    ),
 ) -> None:
     """Write a file's rows into a namespace, all or nothing (a new namespace takes their schema).
 
     Examples:
       keel logs write --namespace train.metrics metrics.jsonl
+      keel logs write --namespace train.metrics metrics.jsonl --time-unit ms
       keel logs write --namespace cluster.task_log tasks.parquet --url http://head:8470
     """
+    check_time_unit(time_unit)
     data = read_rows(file)
     with _open(root, url, token, create=True) as telemetry:
-        rows = telemetry.write(namespace, data)
+        if isinstance(telemetry, TelemetryStore):
+            rows = telemetry.write(namespace, data, time_unit=time_unit)
+        else:
+            if time_unit is not None and isinstance(data, list):
+                data = to_table(data, None, time_unit)  # epoch numbers sent as Arrow times
+            rows = telemetry.write(namespace, data)
     if as_json:
         typer.echo(orjson.dumps({"namespace": namespace, "rows": rows}).decode())
         return

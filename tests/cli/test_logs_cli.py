@@ -65,6 +65,22 @@ def test_write_jsonl_then_query_as_json_in_select_order(cli):
     ]
 
 
+def test_epoch_numbers_need_time_unit_and_are_then_read_in_it(cli):
+    root = str(cli.root / "telemetry")
+    jsonl = cli.write("epochs.jsonl", '{"ts": 1793491201000, "msg": "a"}\n')  # ms
+    refused = cli.run("logs", "write", "-n", NS, str(jsonl), "--root", root)
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "'ts'" in lines[0] and "--time-unit" in lines[0], lines
+    assert not (cli.root / "telemetry" / NS).exists()
+    written = cli.run("logs", "write", "-n", NS, str(jsonl), "--root", root, "--time-unit", "ms")
+    assert written.returncode == 0, written.stderr
+    with TelemetryStore(root) as store:
+        assert store.query(f'SELECT ts FROM "{NS}"').to_pylist() == [
+            {"ts": START + timedelta(seconds=1)}
+        ]
+
+
 def test_write_parquet_then_compact_merges_the_segments(cli):
     root = cli.root / "telemetry"
     seeded_store(root, batches=2)
