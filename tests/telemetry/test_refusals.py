@@ -103,3 +103,19 @@ def test_a_deep_expression_outside_where_and_a_deep_non_select(tmp_path):
         with pytest.raises(TelemetryQueryError) as refused:
             store.query(f"DELETE FROM {T} WHERE {' + '.join(['n'] * 600)} > 1")
         assert "\n" not in str(refused.value)
+
+
+def test_picked_row_groups_are_read_right_even_with_a_file_row_number_column(tmp_path):
+    """Picked row groups are read by DuckDB with a file_row_number filter, or with pyarrow when
+    the namespace has a column of that name; both answer as a full scan."""
+    keys = [f"k{i // 100:02d}" for i in range(2_000)]
+    for extra in ("file_row_number", "other"):
+        data = pa.table({"key": keys, extra: pa.array(range(2_000), pa.int64())})
+        with TelemetryStore(tmp_path / extra, SMALL) as store:
+            store.create(NAMESPACE, data.schema, NamespaceOptions(key_columns=("key",)))
+            store.write(NAMESPACE, data)
+            store.flush()
+            sql = f"SELECT {extra} FROM {T} WHERE key IN ('k03', 'k11')"
+            assert store.explain(sql)[0].row_groups_read == 2
+            got = sorted(store.query(sql).column(extra).to_pylist())
+            assert got == [*range(300, 400), *range(1_100, 1_200)]
