@@ -26,6 +26,7 @@ suffix's trigrams are in every row group anyway), and no index could tell them a
 Everything lives in a temporary directory under /tmp, removed at the end.
 
     python benchmarks/telemetry_bench.py [--rows 10000000] [--repeats 5] [--json]
+    python benchmarks/telemetry_bench.py --smoke   # 20,000 rows, one run each: seconds, for CI
 
 Prints Markdown tables to stdout (--json: one JSON document instead); progress goes to stderr.
 """
@@ -64,6 +65,7 @@ BATCH_ROWS = 100_000
 DEFAULTS = StoreOptions()
 FILE_ROWS = DEFAULTS.flush_rows
 MB = 1_000_000
+SMOKE_ROWS = 20_000
 
 QUERIES: dict[str, tuple[str, str]] = {
     # name: (SQL with {table} and {time_window}, target)
@@ -385,7 +387,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000_000, help="log rows in total")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per query")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead")
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"a tiny run ({SMOKE_ROWS:,} rows, 1 repeat) for CI"
+    )
     arguments = parser.parse_args()
+    if arguments.smoke:
+        arguments.rows, arguments.repeats = SMOKE_ROWS, 1
     work = Path(tempfile.mkdtemp(prefix="keel-telemetry-bench-", dir="/tmp"))
     try:
         record = benchmark(arguments.rows, arguments.repeats, work)
