@@ -50,6 +50,8 @@ from keel.core.errors import KeelError
 logger = logging.getLogger(__name__)
 FINAL_ATTEMPT_STATES = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.LOST, TaskState.CANCELLED}
 ACTIVE = state.ACTIVE_ATTEMPT_STATES
+# What reconciling reads of a job (not its spec: the controller has it parsed already).
+JOB_COLUMNS = "id, state, cluster, outcome, cancel_requested, failures, preemptions"
 
 
 @dataclass
@@ -200,7 +202,7 @@ class Controller:
         the first tick after a start), and those being stopped (an outcome, a cancel request, a
         preemption)."""
         jobs = self.database.execute(
-            "SELECT * FROM jobs WHERE state IN ('running', 'preempted')"
+            f"SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('running', 'preempted')"
             + (
                 ""
                 if changed is None
@@ -210,7 +212,7 @@ class Controller:
         if changed:
             jobs += state.rows_for_ids(
                 self.database,
-                "SELECT * FROM jobs WHERE id IN ({ids}) "
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE id IN ({{ids}}) "
                 "AND state = 'running' AND outcome = '' AND cancel_requested = 0",
                 sorted(changed),
             )

@@ -144,7 +144,7 @@ def test_concurrent_submissions_start_one_controller_and_run_each_job_once(tmp_p
         )
         for _ in range(12)
     ]
-    outputs = [submitter.communicate(timeout=120) for submitter in submitters]
+    outputs = [submitter.communicate(timeout=300) for submitter in submitters]
     assert all(submitter.returncode == 0 for submitter in submitters), outputs
     jobs = sorted(stdout.strip() for stdout, _ in outputs)
     assert jobs == [f"j-{n:06d}" for n in range(1, 13)]
