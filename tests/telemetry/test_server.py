@@ -122,7 +122,7 @@ def test_an_empty_object_value_is_refused_at_write(tmp_path):
                 server, "POST", f"/v1/write/{NS}", body, {"Content-Type": "application/json"}
             )
         store.flush()
-        assert_refused(answer, 400, "empty")
+        assert_refused(answer, 400)
         assert count(store) == 0
     finally:
         store.close(flush=False)
