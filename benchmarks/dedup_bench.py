@@ -68,7 +68,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from measure import Peer, runnable_contenders, scratch_directory
 
 REPO = Path(__file__).resolve().parents[1]
 WIKITEXT = REPO.parent / "shared" / "datasets" / "wikitext2"
@@ -80,7 +79,7 @@ FILES = 2
 SMOKE_ARTICLES = 15
 """Bundled articles a smoke run uses: ~280 documents, their ground truth built in ~0.2 s."""
 CONTENDERS = ("keel", "keel-warm", "datatrove")
-PEERS = {"datatrove": Peer("datatrove", 'pip install "datatrove[processing,io]"')}
+DATATROVE_INSTALL = 'pip install "datatrove[processing,io]"'
 _TITLE = re.compile(r"^ = ([^=].*) = $")
 
 
@@ -509,6 +508,9 @@ def table(labelled: LabelledSet, results: dict[str, list[dict]]) -> str:
 
 
 def main() -> None:
+    # Beside this script; imported here, so that tests can load this module by its path.
+    from measure import Peer, runnable_contenders, scratch_directory
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (--smoke: 1)")
     parser.add_argument("--out", type=Path, default=None, help="scratch directory (kept)")
@@ -523,7 +525,8 @@ def main() -> None:
         contender_main(arguments.contender, arguments.input, arguments.work)
         return
     repeats = arguments.repeats or (1 if arguments.smoke else 3)
-    contenders = runnable_contenders(CONTENDERS, PEERS, arguments.smoke)
+    peers = {"datatrove": Peer("datatrove", DATATROVE_INSTALL)}
+    contenders = runnable_contenders(CONTENDERS, peers, arguments.smoke)
     if arguments.smoke:
         articles = articles_from_sample()[:SMOKE_ARTICLES]
     else:
