@@ -419,6 +419,8 @@ def main() -> None:
         f"{meta['text_bytes'] / MB:,.0f} MB of text, {meta['file_bytes'] / MB:,.0f} MB of Parquet"
     )
     print(f"medians of {repeats} runs:\n\n{table(summary)}\n\n{ratios(summary)}")
+    if smoke:
+        print("(a smoke run: it checks that the benchmark works; its input is too small to judge)")
 
 
 if __name__ == "__main__":
