@@ -181,7 +181,7 @@ class Controller:
                 continue
             for row in rows:
                 status = statuses.get(row["handle"])
-                if status is None or status.state.value == row["state"]:
+                if status is None or status.state == row["state"]:  # a StrEnum: compares as str
                     continue
                 ended = now if status.state in FINAL_ATTEMPT_STATES else None
                 changes.append(

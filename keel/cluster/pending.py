@@ -20,14 +20,15 @@ class PendingQueue:
         # went in out of sequence order (a requeued job), which is rare.
         self._bands: dict[Priority, dict[str, PendingJob]] = {band: {} for band in Priority}
         self._unsorted: set[Priority] = set()
+        self._band_of: dict[str, Priority] = {}  # job id -> its band
         self._shapes: dict[tuple, int] = {}  # PendingJob.shape -> jobs of that shape queued
         self._fresh: set[str] = set()  # queued since the last `take_fresh`
 
     def __len__(self) -> int:
-        return sum(len(band) for band in self._bands.values())
+        return len(self._band_of)
 
     def __contains__(self, job_id: str) -> bool:
-        return any(job_id in band for band in self._bands.values())
+        return job_id in self._band_of
 
     @property
     def shapes(self) -> int:
@@ -41,21 +42,22 @@ class PendingQueue:
         if band and band[next(reversed(band))].sequence > job.sequence:
             self._unsorted.add(job.priority)
         band[job.job_id] = job
+        self._band_of[job.job_id] = job.priority
         self._shapes[job.shape] = self._shapes.get(job.shape, 0) + 1
         self._fresh.add(job.job_id)
 
     def remove(self, job_id: str) -> None:
         """Take a job out of the queue (no-op when it is not queued)."""
-        for band in self._bands.values():
-            job = band.pop(job_id, None)
-            if job is not None:
-                left = self._shapes[job.shape] - 1
-                if left:
-                    self._shapes[job.shape] = left
-                else:
-                    del self._shapes[job.shape]
-                self._fresh.discard(job_id)
-                return
+        priority = self._band_of.pop(job_id, None)
+        if priority is None:
+            return
+        job = self._bands[priority].pop(job_id)
+        left = self._shapes[job.shape] - 1
+        if left:
+            self._shapes[job.shape] = left
+        else:
+            del self._shapes[job.shape]
+        self._fresh.discard(job_id)
 
     def take_fresh(self) -> set[str]:
         """The jobs queued since the last call (new or requeued), still queued."""

@@ -180,3 +180,30 @@ def test_step_jobs_get_secret_looking_variables_only_when_named():
         "PYTHONPATH": "/src",
         "KEEL_HF_TOKEN": "t0ken",
     }
+
+
+def test_the_in_memory_queue_follows_other_processes_and_keeps_queue_order(tmp_path):
+    from keel.cluster.pending import PendingQueue
+
+    control = Controller(tmp_path, {"local": LocalBackend(tmp_path / "tasks", max_cpus=1)})
+    other = state.connect(tmp_path / "state.db")  # a job command in another process
+    first = state.submit(other, JobSpec(("sleep", "0.5")))
+    control.tick()
+    cancelled = state.submit(other, JobSpec(("true",)))
+    control.tick()  # queued behind the running job
+    state.request_cancel(other, cancelled)
+    last = state.submit(other, JobSpec(("true",)))
+    deadline = time.monotonic() + 30
+    while state.job_status(other, last)["state"] != "succeeded":
+        assert time.monotonic() < deadline, state.job_status(other, last)
+        control.tick()
+        time.sleep(0.05)
+    assert state.job_status(other, first)["state"] == "succeeded"
+    assert state.job_status(other, cancelled)["tasks"] == []  # never started
+    queue = PendingQueue()
+    jobs = [PendingJob(f"j{n}", JobSpec(()).priority, n, {"cpu": 1.0}) for n in range(4)]
+    for job in (jobs[1], jobs[3], jobs[0], jobs[2]):  # a requeued job comes back out of order
+        queue.add(job)
+    queue.remove("j3")
+    assert [j.job_id for j in queue.ordered()] == ["j0", "j1", "j2"] and queue.shapes == 1
+    control.close()
