@@ -21,12 +21,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
-import uvicorn
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route, Router
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from keel.core.errors import KeelError, UsageError
 from keel.core.http import (
@@ -83,6 +81,8 @@ class HttpServer:
         errors: ErrorMap = (),
         name: str = "keel-http",
     ) -> None:
+        import uvicorn  # here, not at the top: `keel` commands that serve nothing start faster
+
         policy.check_bind(host)
         self.name = name
         self._socket = _listen(host, port)
@@ -262,6 +262,7 @@ def _listen(host: str, port: int) -> socket.socket:
 def _protocol(max_connections: int) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with JSON errors for malformed requests, at most
     `max_connections` connections served (more: 503), and a deadline for request heads."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class Protocol(HttpToolsProtocol):
         _head_timer: asyncio.TimerHandle | None = None
