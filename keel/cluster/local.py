@@ -1,7 +1,7 @@
 """The local backend: tasks are subprocesses of this machine, tracked through their directories.
 
-Each attempt gets a directory (the handle, 0700): `stdout`, `stderr` (0600), `launching` (made
-before the task is started), `pid` (pid; kernel start time, so a reused pid is not mistaken for
+Each attempt gets a directory (the handle, 0700): `stdout`, `stderr` (0600, made just before the
+task is started), `pid` (pid; kernel start time, so a reused pid is not mistaken for
 the task; cpus) and, written by the task's shell wrapper, `pid.early` (its pid, first thing) and
 `exit_code` (as it exits). All state is in files, so a controller restarted after a crash finds
 its tasks again: one still running is adopted, a finished one reports its exit code, one that
@@ -65,9 +65,8 @@ class LocalBackend:
         handle = str(directory)
         if (directory / "pid").exists():
             return handle  # launched before (the controller died before recording it): adopt
-        if (directory / "launching").exists() and self._adopt_interrupted(directory, task.cpus):
-            return handle
-        (directory / "launching").touch()
+        if (directory / "stdout").exists() and self._adopt_interrupted(directory, task.cpus):
+            return handle  # a launch was begun (stdout is made just before the start): adopt
         workdir = task.workdir or None
         if workdir is not None and not os.path.isdir(workdir):
             raise UsageError(f"working directory {workdir} does not exist")
