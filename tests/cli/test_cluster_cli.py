@@ -7,6 +7,9 @@ import subprocess
 import sys
 import time
 
+from keel.cluster import state
+from keel.cluster.lock import held_by_someone
+
 KEEL = [sys.executable, "-m", "keel"]
 
 
@@ -160,4 +163,8 @@ def test_concurrent_submissions_start_one_controller_and_run_each_job_once(tmp_p
     assert sorted(ran) == jobs, f"jobs ran more than once: {sorted(ran)}"
     starts = database.execute("SELECT count(*) FROM events WHERE kind = 'controller started'")
     assert starts.fetchone()[0] == 1
-    keel("cluster", "stop", cwd=tmp_path)
+    root = tmp_path / "keel-out" / "cluster"
+    state.set_value(state.connect(root / "state.db"), "stop", "1")  # as `keel cluster stop` does
+    while held_by_someone(root):
+        assert time.monotonic() < deadline + 30, "the controller did not stop"
+        time.sleep(0.1)
