@@ -1,11 +1,12 @@
 """The local backend: tasks are subprocesses of this machine, tracked through their directories.
 
 Each attempt gets a directory (the handle, 0700): `stdout`, `stderr` (0600, made just before the
-task is started), `pid` (pid; kernel start time, so a reused pid is not mistaken for
-the task; cpus) and, written by the task's shell wrapper, `pid.early` (its pid, first thing) and
-`exit_code` (as it exits). All state is in files, so a controller restarted after a crash finds
-its tasks again: one still running is adopted, a finished one reports its exit code, one that
-vanished without an exit code (SIGKILL, a reboot) is LOST. Tasks run in their own session, so a
+task is started), `pid` (pid; kernel start time, so a reused pid is not mistaken for the task;
+cpus) and, written by the task's shell wrapper as it exits, `exit_code`. All state is in files,
+so a controller restarted after a crash finds its tasks again: one still running is adopted, a
+finished one reports its exit code, one that vanished without an exit code (SIGKILL, a reboot) is
+LOST; one started by a controller killed before it wrote `pid` is found through /proc (the
+session leader whose stdout is the attempt's file). Tasks run in their own session, so a
 controller that dies does not take them down, and cancel stops the whole process group.
 
 The pool is a scale group: `scale_to(cpus)` sets how many cpus the backend offers, between
@@ -28,7 +29,6 @@ from keel.core.errors import UsageError
 from keel.core.process import process_alive, process_start
 
 CANCEL_GRACE_SECONDS = 5.0
-ADOPT_WAIT_SECONDS = 2.0  # how long a relaunch waits for an interrupted launch's process
 
 
 class LocalBackend:
@@ -71,10 +71,7 @@ class LocalBackend:
         if workdir is not None and not os.path.isdir(workdir):
             raise UsageError(f"working directory {workdir} does not exist")
         # The wrapper records the exit code atomically, so it survives this process.
-        # It also records its own pid first: a controller killed between starting it and
-        # writing `pid` finds it again (`_adopt_interrupted`) instead of starting a second one.
         script = (
-            f"echo $$ > {shlex.quote(str(directory / 'pid.early'))}; "
             f"{shlex.join(task.command)}; code=$?; "
             f"echo $code > {shlex.quote(str(directory / 'exit_code.tmp'))} && "
             f"mv {shlex.quote(str(directory / 'exit_code.tmp'))} "
@@ -105,16 +102,26 @@ class LocalBackend:
         return handle
 
     def _adopt_interrupted(self, directory: Path, cpus: float) -> bool:
-        """A launch of this attempt was begun and not finished (no `pid`): if its process
-        started, it writes `pid.early` at once; adopt it then. False: it never started."""
-        deadline = time.monotonic() + ADOPT_WAIT_SECONDS
-        while time.monotonic() < deadline:
-            try:
-                pid = int((directory / "pid.early").read_text())
-            except (FileNotFoundError, ValueError):  # not written yet, or half written
-                time.sleep(0.05)
+        """A launch of this attempt was begun (its `stdout` exists) but `pid` was never written:
+        the controller died in between. If the task started, adopt it: find its wrapper, the
+        session leader whose stdout is this attempt's file (Linux /proc), or its exit code.
+        False: it never started (or no /proc to tell), so it is started now."""
+        if (directory / "exit_code").exists():
+            return True  # it ran and ended: its status is its exit code
+        target = str(directory / "stdout")
+        try:
+            entries = os.listdir("/proc")
+        except OSError:
+            return False
+        for name in entries:
+            if not name.isdigit():
                 continue
-            (directory / "pid").write_text(f"{pid} {process_start(pid)} {cpus}\n")
+            try:
+                if os.readlink(f"/proc/{name}/fd/1") != target or os.getsid(int(name)) != int(name):
+                    continue
+            except OSError:  # gone, or not ours
+                continue
+            (directory / "pid").write_text(f"{name} {process_start(int(name))} {cpus}\n")
             return True
         return False
 

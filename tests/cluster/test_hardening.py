@@ -207,3 +207,26 @@ def test_the_in_memory_queue_follows_other_processes_and_keeps_queue_order(tmp_p
     queue.remove("j3")
     assert [j.job_id for j in queue.ordered()] == ["j0", "j1", "j2"] and queue.shapes == 1
     control.close()
+
+
+def test_a_task_started_by_a_controller_killed_before_it_wrote_the_pid_is_adopted(tmp_path):
+    import signal
+    import subprocess
+
+    from keel.cluster.backend import TaskLaunch, TaskState
+
+    directory = tmp_path / "tasks" / "j-000001" / "0" / "1"
+    directory.mkdir(parents=True)
+    with open(directory / "stdout", "ab") as output:  # what launch had done when it was killed
+        orphan = subprocess.Popen(["sleep", "30"], stdout=output, start_new_session=True)
+    backend = LocalBackend(tmp_path / "tasks", max_cpus=2)
+    task = TaskLaunch("j-000001.0", 1, ("sleep", "30"), log_dir=str(directory))
+    try:
+        handle = backend.launch(task)  # the restarted controller launches the attempt again
+        assert (directory / "pid").read_text().split()[0] == str(orphan.pid)
+        assert backend.poll([handle])[handle].state is TaskState.RUNNING
+        assert not (directory / "exit_code").exists()  # no second task was started
+    finally:
+        os.killpg(orphan.pid, signal.SIGKILL)
+        orphan.wait()
+    assert backend.poll([handle])[handle].state is TaskState.LOST
