@@ -101,9 +101,25 @@ def resolve_options(schema: pa.Schema, options: NamespaceOptions | None) -> Name
     return NamespaceOptions(**{**options.__dict__, "time_column": time_column})
 
 
+def check_storable(schema: pa.Schema) -> pa.Schema:
+    """`schema` if Parquet can hold every column; refuse a struct without fields (JSON `{}`),
+    at any depth, which would be acknowledged and then fail every flush."""
+    for field in schema:
+        pending = [field.type]
+        while pending:
+            kind = pending.pop()
+            if pa.types.is_struct(kind) and kind.num_fields == 0:
+                raise TelemetryInputError(
+                    f"column {field.name!r} holds an empty object ({{}}), which has no fields to "
+                    "store: send a value with keys, null, or leave the key out"
+                )
+            pending.extend(kind.field(i).type for i in range(kind.num_fields))
+    return schema
+
+
 def infer_schema(data: pa.Table) -> pa.Schema:
     """The schema a new namespace takes from its first rows: plain (not large, not dictionary)
-    types; a column with no type (all nulls) is refused."""
+    types; a column with no type (all nulls) or an empty object is refused."""
     fields = []
     for field in data.schema:
         kind = field.type
@@ -119,7 +135,7 @@ def infer_schema(data: pa.Table) -> pa.Schema:
                 "send a value or create the namespace with a schema"
             )
         fields.append(pa.field(field.name, kind))
-    return pa.schema(fields)
+    return check_storable(pa.schema(fields))
 
 
 def to_table(data: Any, schema: pa.Schema | None, time_unit: str | None = None) -> pa.Table:

@@ -42,6 +42,7 @@ from keel.telemetry.schema import (
     TelemetryInputError,
     TelemetryQueryError,
     check_namespace,
+    check_storable,
     to_table,
 )
 from keel.telemetry.sidecar import SegmentIndex, load_index
@@ -92,6 +93,7 @@ class TelemetryStore:
     ) -> None:
         """Declare a namespace's schema and options (a no-op if it exists with that schema)."""
         check_namespace(namespace)
+        check_storable(schema)
         self._ensure_writer()
         with self._state:
             existing = self._spaces.get(namespace)

@@ -119,3 +119,15 @@ def test_picked_row_groups_are_read_right_even_with_a_file_row_number_column(tmp
             assert store.explain(sql)[0].row_groups_read == 2
             got = sorted(store.query(sql).column(extra).to_pylist())
             assert got == [*range(300, 400), *range(1_100, 1_200)]
+
+
+@pytest.mark.parametrize("value", [{}, [{}], {"a": {}}], ids=["object", "in-list", "nested"])
+def test_an_empty_object_is_refused_at_write_and_later_flushes_work(tmp_path, value):
+    with TelemetryStore(tmp_path, SMALL) as store:
+        with pytest.raises(TelemetryInputError) as refused:
+            store.write(NAMESPACE, [{"ts": "2026-11-01T00:00:00", "empty": value}])
+        assert "'empty'" in str(refused.value) and "\n" not in str(refused.value)
+        assert NAMESPACE not in store.namespaces()
+        store.write(NAMESPACE, [{"ts": "2026-11-01T00:00:00", "kept": {"a": 1}}])
+        store.flush()
+        assert store.query(f"SELECT kept.a AS a FROM {T}").to_pylist() == [{"a": 1}]
