@@ -82,12 +82,20 @@ def run_command(
     cluster_config: str | None = typer.Option(
         None, "--cluster-config", help="clusters.yaml, if a controller must be started."
     ),
+    forward_env: list[str] = typer.Option(
+        [],
+        "--forward-env",
+        help="With --cluster: also pass this variable to each step's job (repeatable). KEEL_* "
+        "settings are passed already, except those named like a secret (*TOKEN*, *SECRET*, "
+        "*KEY*, *PASSWORD*), which go only when named here.",
+    ),
 ) -> None:
     """Run the steps an experiment file declares; committed steps are reused, not re-run.
 
     Examples:
       keel run experiments/my_exp.py --prefix /data/keel --max-parallel 4 --set train.lr=3e-4
       keel run experiments/my_exp.py --cluster local --max-parallel 2
+      keel run experiments/my_exp.py --cluster gpu --forward-env KEEL_TELEMETRY_TOKEN
     """
     _use_backend(backend)
     steps = override_steps(load_experiment(experiment), overrides)
@@ -100,6 +108,7 @@ def run_command(
             cluster=cluster,
             root=Path(cluster_root),
             config=cluster_config,
+            forward=forward_env,
         )
     _run_steps(steps, prefix, dry_run, force, max_parallel, as_json, experiment.parent, execute)
 

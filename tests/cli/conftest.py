@@ -31,7 +31,8 @@ def work(config: Work, output: str) -> None:
     if config.label == os.environ.get("KEEL_TEST_SLOW_STEP"):
         Path(os.environ["KEEL_TEST_STARTED"]).write_text("started")
         time.sleep(float(os.environ.get("KEEL_TEST_SLEEP", "60")))
-    if config.label == os.environ.get("KEEL_TEST_FAILING_STEP"):
+    failing = (os.environ.get("KEEL_TEST_FAILING_STEP"), os.environ.get("KEEL_TEST_FAILING_TOKEN"))
+    if config.label in failing:
         raise ValueError("bad value at row 7")
     time.sleep(config.pause)
     total = config.value + sum(int(Path(i, "value.txt").read_text()) for i in config.inputs)

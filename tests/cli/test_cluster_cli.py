@@ -90,8 +90,9 @@ def test_keel_run_on_a_cluster_runs_each_step_as_a_job(cli):
     assert sorted(jobs) == [(f"step {s}", "succeeded") for s in "abcd"]
     failing = cli.run(
         "run", str(experiment), "--prefix", str(cli.prefix), "--cluster", "local",
-        "--set", "d.value=3", env={"KEEL_TEST_FAILING_STEP": "d"},
-    )  # fmt: skip
+        "--set", "d.value=3", "--forward-env", "KEEL_TEST_FAILING_TOKEN",
+        env={"KEEL_TEST_FAILING_TOKEN": "d"},
+    )  # fmt: skip  # a secret-named variable reaches the job only when named
     assert failing.returncode == 1
     assert (
         "job j-000005 on local failed" in failing.stderr and "exited with code 1" in failing.stderr
