@@ -104,15 +104,10 @@ class ControllerServer:
 
     async def _for_job(self, job_id: str, action: Callable[[sqlite3.Connection], T]) -> T:
         """`action` on the state database, in the thread pool; 404 if there is no such job."""
-
-        def checked(database: sqlite3.Connection) -> T:
-            try:
-                state.job(database, job_id)
-            except UsageError as error:
-                raise HttpError(404, str(error)) from None
-            return action(database)
-
-        return await run_in_threadpool(self._in_database, checked)
+        try:
+            return await run_in_threadpool(self._in_database, action)
+        except state.UnknownJobError as error:
+            raise HttpError(404, str(error)) from None
 
     def _in_database(self, action: Callable[[sqlite3.Connection], T]) -> T:
         database = state.connect(self.root / "state.db")
@@ -125,6 +120,10 @@ class ControllerServer:
 def _log_chunk(
     root: Path, database: sqlite3.Connection, job_id: str, replica: int, stream: str, offset: int
 ) -> dict[str, Any]:
+    """Up to LOG_CHUNK_BYTES of a task's output from byte `offset`, with the job's secrets hidden
+    as `keel job logs` hides them (keel.cluster.state.redactor). A chunk ends at a line's end, so
+    no secret is cut in two, unless the job has ended and its last line has no newline, or one
+    line is longer than a chunk. "offset" is where the next chunk starts."""
     status = state.job_status(database, job_id)
     task = next((t for t in status["tasks"] if t["replica"] == replica), None)
     done = status["state"] in state.FINAL_JOB_STATES
@@ -137,8 +136,12 @@ def _log_chunk(
     except FileNotFoundError:
         data = b""
     more = len(data) == LOG_CHUNK_BYTES
+    if more or not done:  # the output goes on: stop at the last whole line
+        cut = data.rfind(b"\n") + 1
+        data = data[:cut] if cut or not more else data
+    hide = state.redactor(database, job_id)
     return {
-        "text": data.decode("utf-8", "replace"),
+        "text": hide(data.decode("utf-8", "replace")),
         "offset": offset + len(data),
         "done": done and not more,
     }

@@ -279,11 +279,15 @@ def submit(database: sqlite3.Connection, spec: JobSpec) -> str:
     return job_id
 
 
+class UnknownJobError(UsageError):
+    """No job has the id asked for (the HTTP API answers 404)."""
+
+
 def job(database: sqlite3.Connection, job_id: str) -> sqlite3.Row:
-    """The job's row; UsageError naming the id if there is none."""
+    """The job's row; UnknownJobError naming the id if there is none."""
     row = database.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
     if row is None:
-        raise UsageError(f"no job {job_id!r}: `keel job status` lists nothing by that id")
+        raise UnknownJobError(f"no job {job_id!r}: `keel job status` lists nothing by that id")
     return row
 
 

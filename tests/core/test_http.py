@@ -170,6 +170,50 @@ def test_a_token_is_only_taken_as_bearer(tmp_path):
         server.stop()
 
 
+def test_an_unknown_job_is_a_404_on_every_job_endpoint(controller):
+    for method, path in (
+        ("GET", "/v1/jobs/j-999999"),
+        ("POST", "/v1/jobs/j-999999/cancel"),
+        ("GET", "/v1/jobs/j-999999/logs"),
+    ):
+        headers = {**JSON, "Content-Length": "0"} if method == "POST" else {}
+        assert_refused(raw(controller, method, path, headers=headers), 404, "j-999999")
+
+
+def test_logs_over_http_hide_the_jobs_secrets_as_keel_job_logs_does(
+    controller, tmp_path, monkeypatch
+):
+    """A task printing its token: the API shows it as *** (the job's env names it secret), also
+    when the output comes in chunks smaller than it (each chunk ends at a line's end)."""
+    from keel.cluster import api, state
+    from keel.cluster.spec import JobSpec
+
+    database = state.connect(controller.root / "state.db")
+    job_id = state.submit(database, JobSpec(("true",), env={"HF_TOKEN": "hf_s3cretvalue"}))
+    output = tmp_path / "attempt"
+    output.mkdir()
+    lines = ["token is hf_s3cretvalue", "x" * 20 + "hf_s3cretvalue", "last hf_s3cretvalue"]
+    (output / "stdout").write_text("\n".join(lines))  # the last line has no newline
+    database.execute(
+        "INSERT INTO attempts (job_id, replica, attempt, cluster, handle, state, started_at) "
+        "VALUES (?, 0, 1, 'local', ?, 'succeeded', 0)",
+        (job_id, str(output)),
+    )
+    database.execute("UPDATE jobs SET state = 'succeeded' WHERE id = ?", (job_id,))
+    database.close()
+    expected = "token is ***\n" + "x" * 20 + "***\nlast ***"
+    status, chunk = raw(controller, "GET", f"/v1/jobs/{job_id}/logs")
+    assert status == 200, chunk
+    assert (chunk["text"], chunk["done"]) == (expected, True)
+    monkeypatch.setattr(api, "LOG_CHUNK_BYTES", 40)  # each line fits, two do not
+    text, offset, done = "", 0, False
+    while not done:
+        status, chunk = raw(controller, "GET", f"/v1/jobs/{job_id}/logs?offset={offset}")
+        assert status == 200 and len(text) < 1000, chunk
+        text, offset, done = text + chunk["text"], chunk["offset"], chunk["done"]
+    assert text == expected
+
+
 # -- bounded connections and results ------------------------------------------------------------
 
 
