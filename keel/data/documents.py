@@ -147,11 +147,11 @@ def write_texts(
         chunk = list(texts[part * size : (part + 1) * size])
         table = pa.table(
             {
-                ID_COLUMN: [document_id(text) for text in chunk],
-                TEXT_COLUMN: chunk,
-                SOURCE_COLUMN: [source] * len(chunk),
+                ID_COLUMN: pa.array([document_id(text) for text in chunk], pa.string()),
+                TEXT_COLUMN: pa.array(chunk, pa.string()),
+                SOURCE_COLUMN: pa.array([source] * len(chunk), pa.string()),
             }
-        )
+        )  # typed, so an empty trailing part (13 texts in 8 parts) has the same schema
         name = f"part-{part:05d}-of-{parts:05d}.parquet"
         with paths.open_file(paths.join(directory, name), "wb") as handle:
             pq.write_table(table, handle, compression="zstd")

@@ -58,3 +58,11 @@ def test_write_texts_makes_a_document_set_of_contiguous_parts(tmp_path):
     rows = [row for part in parts for row in pq.read_table(part).to_pylist()]
     assert rows == [{"id": document_id(t), "text": t, "source": "unit"} for t in "abc"]
     assert directory == str(tmp_path / "set")
+
+
+def test_write_texts_gives_an_empty_trailing_part_the_document_schema(tmp_path):
+    from keel.flow import read_parquet
+
+    texts = [f"text {i}" for i in range(13)]  # 2 per part: the eighth part is empty
+    directory = write_texts(tmp_path / "set", texts, parts=8)
+    assert read_parquet(parquet_glob(directory)).count(workers=1) == 13
