@@ -21,7 +21,7 @@ from keel.cli.output import stdout, user_errors
 from keel.core.errors import UsageError
 from keel.telemetry import wire
 from keel.telemetry.client import HttpTelemetry, Telemetry, poll_rows
-from keel.telemetry.schema import TelemetryInputError, to_table
+from keel.telemetry.schema import TelemetryInputError
 from keel.telemetry.server import TelemetryServer
 from keel.telemetry.store import StoreOptions, TelemetryStore
 from keel.telemetry.times import check_time_unit
@@ -122,12 +122,7 @@ def write_command(
     check_time_unit(time_unit)
     data = read_rows(file)
     with _open(root, url, token, create=True) as telemetry:
-        if isinstance(telemetry, TelemetryStore):
-            rows = telemetry.write(namespace, data, time_unit=time_unit)
-        else:
-            if time_unit is not None and isinstance(data, list):
-                data = to_table(data, None, time_unit)  # epoch numbers sent as Arrow times
-            rows = telemetry.write(namespace, data)
+        rows = telemetry.write(namespace, data, time_unit=time_unit)
     if as_json:
         typer.echo(orjson.dumps({"namespace": namespace, "rows": rows}).decode())
         return

@@ -33,6 +33,7 @@ from keel.telemetry.schema import (
 )
 from keel.telemetry.shared import SharedStore
 from keel.telemetry.store import CompactionReport, TelemetryStore
+from keel.telemetry.times import check_time_unit
 from keel.telemetry.wire import ARROW_STREAM, arrow_stream, json_default, read_stream
 
 FOLLOW_BATCH_ROWS = 100_000
@@ -42,7 +43,12 @@ FOLLOW_BATCH_ROWS = 100_000
 class Telemetry(Protocol):
     """What a TelemetryStore and an HttpTelemetry both offer."""
 
-    def write(self, namespace: str, data: pa.Table | pa.RecordBatch | list[dict]) -> int: ...
+    def write(
+        self,
+        namespace: str,
+        data: pa.Table | pa.RecordBatch | list[dict],
+        time_unit: str | None = None,
+    ) -> int: ...
 
     def query(self, sql: str) -> pa.Table: ...
 
@@ -97,9 +103,16 @@ class HttpTelemetry:
 
     # -- the Telemetry protocol -------------------------------------------------------------
 
-    def write(self, namespace: str, data: pa.Table | pa.RecordBatch | list[dict]) -> int:
-        """Send rows; returns how many the server made durable."""
+    def write(
+        self,
+        namespace: str,
+        data: pa.Table | pa.RecordBatch | list[dict],
+        time_unit: str | None = None,
+    ) -> int:
+        """Send rows; returns how many the server made durable. `time_unit`: the unit (s, ms, us,
+        ns) of epoch numbers in time columns, as for TelemetryStore.write."""
         check_namespace(namespace)
+        check_time_unit(time_unit)
         if isinstance(data, pa.RecordBatch):
             data = pa.Table.from_batches([data])
         if isinstance(data, pa.Table):
@@ -112,6 +125,8 @@ class HttpTelemetry:
                 f"cannot write {type(data).__name__}: send an Arrow table or a list of row dicts"
             )
         path = f"/v1/write/{quote(namespace, safe='')}"
+        if time_unit is not None:
+            path += f"?time_unit={time_unit}"
         answer = self._request("POST", path, body, {"Content-Type": kind}, idempotent=False)
         return int(orjson.loads(answer)["rows"])
 

@@ -56,6 +56,7 @@ from keel.telemetry.schema import (
     check_namespace,
 )
 from keel.telemetry.store import TelemetryStore
+from keel.telemetry.times import check_time_unit
 from keel.telemetry.wire import arrow_stream, decode_rows, json_default, ndjson_rows
 
 FOLLOW_POLL_SECONDS = 0.5
@@ -164,12 +165,13 @@ class TelemetryServer:
     async def _write(self, request: Request) -> Response:
         namespace = check_namespace(request.path_params["namespace"])
         kind = content_type(request.headers.getlist("content-type"))
+        time_unit = check_time_unit(request.query_params.get("time_unit"))
         body = await read_body(request)
-        rows = await run_in_threadpool(self._store_rows, namespace, kind, body)
+        rows = await run_in_threadpool(self._store_rows, namespace, kind, body, time_unit)
         return json_response({"rows": rows})
 
-    def _store_rows(self, namespace: str, kind: str, body: bytes) -> int:
-        return self.store.write(namespace, decode_rows(kind, body))
+    def _store_rows(self, namespace: str, kind: str, body: bytes, time_unit: str | None) -> int:
+        return self.store.write(namespace, decode_rows(kind, body), time_unit=time_unit)
 
     async def _query(self, request: Request) -> Response:
         payload = await read_json(request)

@@ -36,8 +36,13 @@ class SharedStore:
             SharedStore._open[self.root] = (store, handles + 1)
         self.store: TelemetryStore | None = store
 
-    def write(self, namespace: str, data: pa.Table | pa.RecordBatch | list[dict[str, Any]]) -> int:
-        return self._store().write(namespace, data)
+    def write(
+        self,
+        namespace: str,
+        data: pa.Table | pa.RecordBatch | list[dict[str, Any]],
+        time_unit: str | None = None,
+    ) -> int:
+        return self._store().write(namespace, data, time_unit=time_unit)
 
     def query(self, sql: str) -> pa.Table:
         return self._store().query(sql)

@@ -5,7 +5,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import error_lines
+from cli_support import error_lines
 
 
 def _assert_one_line_usage_error(result, *fragments):

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import error_lines
+from cli_support import error_lines
 
 from keel.telemetry import StoreOptions, TelemetryStore
 from keel.telemetry.client import HttpTelemetry

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import KeelCli
+from cli_support import KeelCli
 
 from keel.data.token_cache import TokenCache
 from keel.telemetry import TelemetryStore

@@ -5,7 +5,7 @@ import os
 import signal
 import time
 
-from conftest import error_lines
+from cli_support import error_lines
 
 
 def test_second_run_executes_nothing_and_reports_all_cached(cli):

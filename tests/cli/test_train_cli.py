@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import error_lines
+from cli_support import error_lines
 
 CONFIG = """
 model:

@@ -4,7 +4,7 @@ into a store directory (--root) and through the fuzz suite's server (--url): it 
 
 import json
 
-from conftest import FUZZ, stored_rows
+from fuzz_support import FUZZ, stored_rows
 from hypothesis import given
 from hypothesis import strategies as st
 from test_http_fuzz import NAMESPACES, rows, values

@@ -108,11 +108,6 @@ def test_rows_that_do_not_fit_the_schema_are_refused_and_nothing_is_stored(serve
 ARROW = "application/vnd.apache.arrow.stream"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the store acknowledges an empty struct (JSON {}) that Parquet cannot hold, and every "
-    "later flush fails (keel/telemetry: refuse it at write); found by tests/fuzz",
-)
 def test_an_empty_object_value_is_refused_at_write(tmp_path):
     store = TelemetryStore(tmp_path / "store", StoreOptions(background=False))
     try:
@@ -351,3 +346,16 @@ def _ipc(table: pa.Table) -> bytes:
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
+
+
+def test_epoch_numbers_over_http_need_a_time_unit(server, store):
+    client = HttpTelemetry(server.url)
+    rows = [{"ts": 1_700_000_000_000, "step": 1}]  # milliseconds since 1970
+    with pytest.raises(TelemetryInputError, match="ts"):
+        client.write("app.events", rows)
+    assert client.write("app.events", rows, time_unit="ms") == 1
+    [row] = client.query('SELECT ts FROM "app.events"').to_pylist()
+    assert row["ts"] == datetime(2023, 11, 14, 22, 13, 20)
+    answer = call(server, "POST", "/v1/write/app.events?time_unit=days", json.dumps(rows).encode(),
+                  {"Content-Type": "application/json"})  # fmt: skip
+    assert_refused(answer, 400, "time_unit")
