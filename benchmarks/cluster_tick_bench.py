@@ -53,14 +53,14 @@ from keel.cluster.spec import JobSpec, Resources
 
 TARGET_MS = 15.0
 SEED = 20240807
-PHASES = ("_reconcile", "_report_capacity", "_schedule", "_autoscale")
+PHASES = ("_reconcile", "_capacity_reports", "_schedule", "_autoscale")
 # Parts of a phase, timed the same way: (the phase, the object's path from the controller, the
 # method inside it): "" is the controller itself, "launcher" its Launcher (keel/cluster/launch.py).
 PARTS = (("_reconcile", "", "_reconcile_jobs"), ("_schedule", "launcher", "launch"))
 PHASE_ROWS = (
     "_reconcile",
     "  _reconcile_jobs (jobs' states from their attempts)",
-    "_report_capacity",
+    "_capacity_reports",
     "_schedule",
     "  schedule() (the pure decision)",
     "  launcher.launch (backend launches, handles recorded)",

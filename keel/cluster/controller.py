@@ -38,7 +38,7 @@ import orjson
 
 from keel.cluster import state
 from keel.cluster.backend import ScaleGroup, TaskBackend, TaskState
-from keel.cluster.launch import KEY, JobInfo, Launcher, key, record_assignments
+from keel.cluster.launch import KEY, UNSTARTED, JobInfo, Launcher, key, record_assignments
 from keel.cluster.ledger import CapacityLedger
 from keel.cluster.logs import LogStreamer
 from keel.cluster.outcome import gang_outcome, resolve
@@ -52,6 +52,10 @@ FINAL_ATTEMPT_STATES = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.LOST, T
 ACTIVE = state.ACTIVE_ATTEMPT_STATES
 # What reconciling reads of a job (not its spec: the controller has it parsed already).
 JOB_COLUMNS = "id, state, cluster, outcome, cancel_requested, failures, preemptions"
+JOB_KEYS = JOB_COLUMNS.split(", ")
+# What the controller keeps of an attempt.
+ATTEMPT_COLUMNS = "job_id, replica, attempt, cluster, handle, state, reason"
+ATTEMPT_KEYS = ATTEMPT_COLUMNS.split(", ")
 
 
 @dataclass
@@ -87,6 +91,14 @@ class Controller:
         self.ticks = int(state.get_value(self.database, "tick", "0"))
         self._first_tick = self.ticks + 1
         self._jobs: dict[str, JobInfo] = {}  # active jobs (pending, running, preempted)
+        # What the controller alone writes, kept in memory so a tick reads none of it back:
+        # the active jobs' rows (JOB_COLUMNS; cancel_requested also follows other processes'
+        # "cancel requested" events), the running and preempted ones among them, the latest
+        # attempt of each of their replicas, and every active attempt (the same dicts).
+        self._rows: dict[str, dict[str, Any]] = {}
+        self._running: dict[str, dict[str, Any]] = {}
+        self._latest: dict[str, dict[int, dict[str, Any]]] = {}
+        self._attempts: dict[tuple[str, int, int], dict[str, Any]] = {}
         self._queue = PendingQueue()  # the pending ones, as the scheduler sees them
         self._running_views: dict[str, RunningJob] = {}  # running jobs as the scheduler sees them
         self._ends: list[tuple] = []  # job transitions and events of the current transaction
@@ -109,19 +121,13 @@ class Controller:
         self.ticks += 1
         report = TickReport(self.ticks)
         report.finished = self._reconcile()
-        if self.ticks == self._first_tick or self.ticks % self.report_every == 0:
-            self._report_capacity()
+        reported = self._capacity_reports()
         self._load_new()
-        running = self.database.execute(
-            "SELECT id, cluster, state, outcome, cancel_requested FROM jobs "
-            "WHERE state IN ('running', 'preempted')"
-        ).fetchall()
+        running = list(self._running.values())
         pending = self._queue.ordered()
-        if pending:
-            self._schedule(pending, running, report)
+        self._schedule(pending, running, reported, report)
         self._autoscale(pending, running)
         self.logs.stream()
-        state.set_value(self.database, "tick", str(self.ticks))
         report.seconds = time.perf_counter() - began
         return report
 
@@ -156,12 +162,9 @@ class Controller:
 
     def _reconcile(self) -> int:
         """Bring attempts and jobs up to date with the backends; return jobs that ended."""
-        attempts = self.database.execute(
-            "SELECT job_id, replica, attempt, cluster, handle, state FROM attempts "
-            "WHERE state IN ('launching', 'pending', 'running')"
-        ).fetchall()
+        self._load_new()
         by_cluster: dict[str, list[Any]] = {}
-        for attempt in attempts:
+        for attempt in list(self._attempts.values()):
             if attempt["handle"] is None:
                 self._relaunch(attempt)
             else:
@@ -187,57 +190,46 @@ class Controller:
                 changes.append(
                     (status.state.value, status.exit_code, status.reason, ended, *key(row))
                 )
-        if changes:
-            with state.transaction(self.database):
+        with state.transaction(self.database):  # the attempts' news and what follows, at once
+            if changes:
                 self.database.executemany(
                     "UPDATE attempts SET state = ?, exit_code = ?, reason = ?, ended_at = ? "
                     f"WHERE {KEY}",
                     changes,
                 )
-        changed = {change[4] for change in changes}
-        return self._reconcile_jobs(None if self.ticks == self._first_tick else changed)
+            for new_state, _, reason, _, *attempt_key in changes:
+                attempt = self._attempts[tuple(attempt_key)]
+                attempt["state"], attempt["reason"] = new_state, reason or ""
+                if new_state not in ACTIVE:
+                    del self._attempts[attempt_key[0], attempt_key[1], attempt_key[2]]
+            changed = {change[4] for change in changes}
+            finished, to_cancel = self._reconcile_jobs(
+                None if self.ticks == self._first_tick else changed
+            )
+        self._requeue()
+        for cluster, active in to_cancel:
+            self._cancel(cluster, active)
+        return finished
 
-    def _reconcile_jobs(self, changed: set[str] | None) -> int:
+    def _reconcile_jobs(self, changed: set[str] | None) -> tuple[int, list[tuple[str, list]]]:
         """Move on the jobs that need it: those whose attempts changed this tick (all of them on
         the first tick after a start), and those being stopped (an outcome, a cancel request, a
-        preemption)."""
-        jobs = self.database.execute(
-            f"SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('running', 'preempted')"
-            + (
-                ""
-                if changed is None
-                else " AND (outcome != '' OR cancel_requested = 1 OR state = 'preempted')"
-            )
-        ).fetchall()
-        if changed:
-            jobs += state.rows_for_ids(
-                self.database,
-                f"SELECT {JOB_COLUMNS} FROM jobs WHERE id IN ({{ids}}) "
-                "AND state = 'running' AND outcome = '' AND cancel_requested = 0",
-                sorted(changed),
-            )
-        if not jobs:
-            return 0
-        latest: dict[str, dict[int, dict]] = {}
-        rows = state.rows_for_ids(
-            self.database,
-            "SELECT job_id, replica, attempt, state, reason, handle FROM attempts "
-            "WHERE job_id IN ({ids})",
-            sorted({job["id"] for job in jobs}),
-        )
-        for row in rows:
-            replicas = latest.setdefault(row["job_id"], {})
-            if (
-                row["replica"] not in replicas
-                or replicas[row["replica"]]["attempt"] < row["attempt"]
-            ):
-                replicas[row["replica"]] = row
-        self._load_new()
+        preemption). Inside the caller's transaction; returns the jobs that ended and the
+        attempts to cancel once it commits."""
+        jobs = [
+            job
+            for job in self._running.values()
+            if changed is None
+            or job["outcome"]
+            or job["cancel_requested"]
+            or job["state"] == "preempted"
+            or job["id"] in changed
+        ]
         finished = 0
         to_cancel: list[tuple[str, list[dict]]] = []
-        with state.transaction(self.database):
+        if jobs:
             for job in jobs:
-                tasks = list(latest.get(job["id"], {}).values())
+                tasks = list(self._latest.get(job["id"], {}).values())
                 active = [t for t in tasks if t["state"] in ACTIVE]
                 outcome = job["outcome"]
                 if job["state"] == "running" and not outcome:
@@ -250,6 +242,7 @@ class Controller:
                         self.database.execute(
                             "UPDATE jobs SET outcome = ? WHERE id = ?", (outcome, job["id"])
                         )
+                        job["outcome"] = outcome
                         to_cancel.append((job["cluster"], active))
                 if active:
                     continue
@@ -261,10 +254,7 @@ class Controller:
                     self._end(job, result.state, result.reason, result.failures, result.preemptions)
                     finished += result.state != "pending"
             self._write_ends()
-        self._requeue()
-        for cluster, active in to_cancel:
-            self._cancel(cluster, active)
-        return finished
+        return finished, to_cancel
 
     def _end(
         self,
@@ -289,16 +279,28 @@ class Controller:
             )
         )
         self._events.append((now, job["id"], "requeued" if final == "pending" else final, reason))
+        self._running.pop(job["id"], None)
+        self._latest.pop(job["id"], None)
+        row = self._rows.pop(job["id"], None) if final != "pending" else self._rows[job["id"]]
+        cluster = job["cluster"]
+        if row is not None:
+            row.update(
+                state=final,
+                outcome="",
+                cluster=None,
+                failures=self._ends[-1][4],
+                preemptions=self._ends[-1][5],
+            )
         self._queue.remove(job["id"])
         self._reasons.pop(job["id"], None)
         if final == "pending":
             self._requeued.append(job["id"])
         info = self._jobs.get(job["id"]) if final == "pending" else self._jobs.pop(job["id"], None)
-        if info is not None and job["cluster"] in self._leaving:
-            self._leaving[job["cluster"]].append(
+        if info is not None and cluster in self._leaving:
+            self._leaving[cluster].append(
                 RunningJob(
                     job["id"],
-                    job["cluster"],
+                    cluster,
                     info.spec.priority,
                     info.pending.sequence,
                     info.pending.demand,
@@ -331,7 +333,13 @@ class Controller:
 
     # -- capacity, scheduling, autoscaling -----------------------------------------------------
 
-    def _report_capacity(self) -> None:
+    def _capacity_reports(self) -> list[tuple]:
+        """Every `report_every` ticks (and on the first after a start) ask each backend for its
+        capacity and put it in the ledger; return the clusters table's rows to write (in the
+        scheduling transaction)."""
+        if self.ticks != self._first_tick and self.ticks % self.report_every:
+            return []
+        reported = []
         for name, backend in self.backends.items():
             try:
                 capacity = backend.capacity()
@@ -341,24 +349,18 @@ class Controller:
             self.ledger.report(name, capacity.free, self.ticks)
             self._leaving[name] = []
             self._totals[name] = dict(capacity.total)
-            with state.transaction(self.database):
-                self.database.execute(
-                    "INSERT INTO clusters "
-                    "(name, backend, region, total, free, reported_at, reported_tick) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
-                    "backend = excluded.backend, region = excluded.region, "
-                    "total = excluded.total, free = excluded.free, "
-                    "reported_at = excluded.reported_at, reported_tick = excluded.reported_tick",
-                    (
-                        name,
-                        backend.name,
-                        self.regions.get(name, capacity.region),
-                        orjson.dumps(dict(capacity.total)).decode(),
-                        orjson.dumps(dict(capacity.free)).decode(),
-                        time.time(),
-                        self.ticks,
-                    ),
+            reported.append(
+                (
+                    name,
+                    backend.name,
+                    self.regions.get(name, capacity.region),
+                    orjson.dumps(dict(capacity.total)).decode(),
+                    orjson.dumps(dict(capacity.free)).decode(),
+                    time.time(),
+                    self.ticks,
                 )
+            )
+        return reported
 
     def _load_new(self) -> None:
         """Parse the specs of jobs submitted since the last call (at the first call: of every
@@ -366,11 +368,12 @@ class Controller:
         processes cancelled since (their "cancelled" events). A tick never re-reads the specs,
         or the ids, of the whole queue."""
         if self._seen_seq < 0:
-            with state.transaction(self.database):  # one snapshot for the three reads
+            with state.transaction(self.database):  # one snapshot for the reads
                 rows = self.database.execute(
-                    "SELECT id, seq, spec, state FROM jobs "
+                    f"SELECT {JOB_COLUMNS}, seq, spec FROM jobs "
                     "WHERE state IN ('pending', 'running', 'preempted') ORDER BY seq"
                 ).fetchall()
+                self._load_attempts()
                 self._seen_seq = self.database.execute(
                     "SELECT coalesce(max(seq), 0) FROM jobs"
                 ).fetchone()[0]
@@ -380,17 +383,21 @@ class Controller:
             cancelled = ""
         else:
             rows = self.database.execute(
-                "SELECT id, seq, spec, state FROM jobs WHERE seq > ? ORDER BY seq",
+                f"SELECT {JOB_COLUMNS}, seq, spec FROM jobs WHERE seq > ? ORDER BY seq",
                 (self._seen_seq,),
             ).fetchall()
             if rows:
                 self._seen_seq = rows[-1]["seq"]
-            last, cancelled = self.database.execute(  # one statement: one snapshot
-                "SELECT max(id), group_concat(CASE WHEN kind = 'cancelled' THEN job_id END, ' ') "
+            last, cancelled, cancel_requests = self.database.execute(  # one statement
+                "SELECT max(id), group_concat(CASE WHEN kind = 'cancelled' THEN job_id END, ' '), "
+                "group_concat(CASE WHEN kind = 'cancel requested' THEN job_id END, ' ') "
                 "FROM events WHERE id > ?",
                 (self._seen_event,),
             ).fetchone()
             self._seen_event = last or self._seen_event
+            for job_id in (cancel_requests or "").split():
+                if job_id in self._running:
+                    self._running[job_id]["cancel_requested"] = 1
         for row in rows:
             if row["state"] not in ("pending", "running", "preempted"):
                 continue  # ended already (cancelled before this controller saw it)
@@ -399,19 +406,57 @@ class Controller:
                 row["id"], spec.priority, row["seq"], spec.demand(), spec.region, spec.cluster
             )
             self._jobs[row["id"]] = JobInfo(spec, job)
+            self._rows[row["id"]] = {column: row[column] for column in JOB_KEYS}
             if row["state"] == "pending":
                 self._queue.add(job)
+            else:
+                self._running[row["id"]] = self._rows[row["id"]]
         for job_id in (cancelled or "").split():
             if job_id in self._queue:
                 self._queue.remove(job_id)
                 self._jobs.pop(job_id, None)
+                self._rows.pop(job_id, None)
                 self._reasons.pop(job_id, None)
 
-    def _schedule(self, queue: list[PendingJob], running: list, report: TickReport) -> None:
+    def _load_attempts(self) -> None:
+        """At start: every active attempt, and the latest attempt of each replica of the running
+        and preempted jobs (inside `_load_new`'s snapshot)."""
+        rows = self.database.execute(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE state IN {ACTIVE!r} OR job_id IN "
+            "(SELECT id FROM jobs WHERE state IN ('running', 'preempted')) "
+            "ORDER BY job_id, replica, attempt"
+        ).fetchall()
+        running = {
+            row[0]
+            for row in self.database.execute(
+                "SELECT id FROM jobs WHERE state IN ('running', 'preempted')"
+            )
+        }
+        for row in rows:  # in attempt order: the latest comes last
+            attempt = {column: row[column] for column in ATTEMPT_KEYS}
+            if attempt["state"] in ACTIVE:
+                self._attempts[key(attempt)] = attempt
+            if attempt["job_id"] in running:
+                self._latest.setdefault(attempt["job_id"], {})[attempt["replica"]] = attempt
+
+    def _schedule(
+        self,
+        queue: list[PendingJob],
+        running: list[dict],
+        reported: list[tuple],
+        report: TickReport,
+    ) -> None:
+        """Decide the round (when jobs are queued), then write it, the capacity reports and the
+        tick number in one transaction; launch and cancel once it has committed."""
+        if not queue:
+            with state.transaction(self.database):
+                self._write_tick(reported)
+            return
         stopping = [job for jobs in self._leaving.values() for job in jobs]
         views = self._running_views
-        for job_id, cluster, job_state, outcome, cancel_requested in running:
-            leaving = job_state == "preempted" or bool(outcome or cancel_requested)
+        for row in running:
+            job_id, cluster = row["id"], row["cluster"]
+            leaving = row["state"] == "preempted" or bool(row["outcome"] or row["cancel_requested"])
             view = views.get(job_id)
             if view is None or view.stopping != leaving or view.cluster != cluster:
                 info = self._jobs[job_id]
@@ -425,7 +470,7 @@ class Controller:
                 )
             stopping.append(view)
         if len(views) > 2 * len(running) + 1000:  # forget jobs that ended
-            self._running_views = {row[0]: views[row[0]] for row in running}
+            self._running_views = {row["id"]: views[row["id"]] for row in running}
         clusters = [
             ClusterView(
                 name, self._totals.get(name, {}), self.ledger.free(name), self.regions.get(name, "")
@@ -436,25 +481,23 @@ class Controller:
             queue, stopping, clusters, self.home, in_order=True, shape_count=self._queue.shapes
         )
         fresh = self._queue.take_fresh()
-        clusters_of = {row["id"]: row["cluster"] for row in running}
         cancels: list[tuple[str, list]] = []
         with state.transaction(self.database):
+            self._write_tick(reported)
             for job_id, reason in decision.rejections.items():
-                self._end(state.job(self.database, job_id), "failed", f"rejected: {reason}")
+                self._end(self._rows[job_id], "failed", f"rejected: {reason}")
                 report.rejected += 1
             for job_id in decision.preemptions:
+                outcome = "preempted: for production work"
                 self.database.execute(
-                    "UPDATE jobs SET state = 'preempted', outcome = 'preempted: for production "
-                    "work' WHERE id = ?",
-                    (job_id,),
+                    "UPDATE jobs SET state = 'preempted', outcome = ? WHERE id = ?",
+                    (outcome, job_id),
                 )
                 state.event(self.database, job_id, "preempted")
-                active = self.database.execute(
-                    "SELECT handle FROM attempts WHERE job_id = ? "
-                    "AND state IN ('launching', 'pending', 'running')",
-                    (job_id,),
-                ).fetchall()
-                cancels.append((clusters_of[job_id], active))
+                job = self._running[job_id]
+                job.update(state="preempted", outcome=outcome)
+                active = [t for t in self._latest.get(job_id, {}).values() if t["state"] in ACTIVE]
+                cancels.append((job["cluster"], active))
                 report.preempted += 1
             launches = self._record_assignments(decision.assignments)
             report.launched += len(decision.assignments)
@@ -471,12 +514,44 @@ class Controller:
             reasons.update((j, r) for r, j in changed)
             self._write_ends()
         self._requeue()
-        self.launcher.launch(launches)
+        self._launch(launches)
         for cluster, active in cancels:
             self._cancel(cluster, active)
 
+    def _write_tick(self, reported: list[tuple]) -> None:
+        """The capacity reports and the tick number (inside the caller's transaction)."""
+        if reported:
+            self.database.executemany(
+                "INSERT INTO clusters "
+                "(name, backend, region, total, free, reported_at, reported_tick) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+                "backend = excluded.backend, region = excluded.region, "
+                "total = excluded.total, free = excluded.free, "
+                "reported_at = excluded.reported_at, reported_tick = excluded.reported_tick",
+                reported,
+            )
+        state.set_value(self.database, "tick", str(self.ticks))
+
+    def _launch(self, launches: list[tuple[dict[str, Any], JobSpec]]) -> None:
+        """Launch recorded attempts (the dicts kept in memory, which the launcher updates);
+        a refused launch gives its job an outcome and cancels its unstarted replicas, here as
+        in the database."""
+        refused = self.launcher.launch(launches)
+        for job_id, outcome in refused.items():
+            if job_id in self._running:
+                self._running[job_id]["outcome"] = outcome
+            for task in self._latest.get(job_id, {}).values():
+                if task["state"] == "launching" and task["handle"] is None:
+                    task["state"], task["reason"] = "cancelled", UNSTARTED
+        for attempt, _ in launches:
+            if attempt["state"] not in ACTIVE:
+                self._attempts.pop(key(attempt), None)
+
     def _record_assignments(self, assignments: list[tuple[str, str]]) -> list[tuple[Any, JobSpec]]:
         launches, taken = record_assignments(self.database, assignments, self._jobs, self.home)
+        for attempt, _ in launches:
+            self._attempts[key(attempt)] = attempt
+            self._latest.setdefault(attempt["job_id"], {})[attempt["replica"]] = attempt
         for job_id, _ in assignments:  # taken, or no longer pending: out of the queue either way
             self._queue.remove(job_id)
         if len(taken) < len(assignments):
@@ -484,18 +559,20 @@ class Controller:
             logger.warning("jobs %s were no longer pending when assigned", sorted(gone))
         for job_id, cluster in taken:
             self.ledger.reserve(job_id, cluster, self._jobs[job_id].pending.demand, self.ticks)
+            job = self._running[job_id] = self._rows[job_id]
+            job.update(state="running", cluster=cluster, outcome="")
             self._reasons.pop(job_id, None)
         return launches
 
     def _relaunch(self, attempt: Any) -> None:
         """An attempt recorded before a crash, whose launch was never confirmed: launch it again
         (a backend adopts a task it already started), unless its job has moved on."""
-        job = state.job(self.database, attempt["job_id"])
-        if job["state"] == "running" and not job["outcome"]:
-            self._load_new()
-            self.launcher.launch([(attempt, self._jobs[job["id"]].spec)])
+        job = self._running.get(attempt["job_id"])
+        if job is not None and job["state"] == "running" and not job["outcome"]:
+            self._launch([(attempt, self._jobs[job["id"]].spec)])
         else:
             self.launcher.abandon(attempt)
+            self._attempts.pop(key(attempt), None)
 
     def _autoscale(self, pending: list[PendingJob], running: list) -> None:
         """Size each scale group (the local pool) to the cpus of its work and of the queue."""

@@ -23,6 +23,7 @@ from keel.core.errors import UsageError
 
 logger = logging.getLogger(__name__)
 KEY = "job_id = ? AND replica = ? AND attempt = ?"
+UNSTARTED = "not started: a replica failed to start"
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,15 @@ def record_assignments(
         for replica in range(spec.replicas):
             number = previous.get((job_id, replica), 0) + 1
             attempts.append((job_id, replica, number, cluster, now))
-            attempt = {"job_id": job_id, "replica": replica, "attempt": number, "cluster": cluster}
+            attempt = {
+                "job_id": job_id,
+                "replica": replica,
+                "attempt": number,
+                "cluster": cluster,
+                "handle": None,
+                "state": "launching",
+                "reason": "",
+            }
             launches.append((attempt, spec))
     database.executemany(
         "INSERT INTO attempts (job_id, replica, attempt, cluster, state, started_at) "
@@ -113,8 +122,11 @@ class Launcher:
         self.backends = backends
         self.tasks_root = tasks_root  # attempts' output: <tasks_root>/<job>/<replica>/<attempt>
 
-    def launch(self, attempts: list[tuple[Any, JobSpec]]) -> None:
-        started, failed = [], set()
+    def launch(self, attempts: list[tuple[dict[str, Any], JobSpec]]) -> dict[str, str]:
+        """Start each attempt (dicts as `record_assignments` returns them, updated here as the
+        database is: "handle" and "state"); return the outcome of each job that a backend
+        refused (its unstarted replicas are cancelled in the database)."""
+        started, failed, refused = [], set(), {}
         for attempt, spec in attempts:
             if attempt["job_id"] in failed:
                 continue
@@ -125,16 +137,21 @@ class Launcher:
                 handle = backend.launch(self.task(spec, attempt))
             except Exception as error:  # recorded as the job's outcome; the tick goes on
                 logger.warning("launching %s.%s failed: %s", *key(attempt)[:2], error)
-                self._refuse(attempt, error)
+                refused[attempt["job_id"]] = self._refuse(attempt, error)
                 failed.add(attempt["job_id"])
                 continue
             started.append((handle, *key(attempt)))
+            attempt["handle"] = handle
         with state.transaction(self.database):
             self.database.executemany(
                 f"UPDATE attempts SET handle = ?, state = 'running' WHERE {KEY}", started
             )
+        for attempt, _ in attempts:
+            if attempt["handle"] is not None and attempt["state"] == "launching":
+                attempt["state"] = "running"
+        return refused
 
-    def abandon(self, attempt: Any) -> None:
+    def abandon(self, attempt: dict[str, Any]) -> None:
         """A recorded attempt that will not be started (its job moved on)."""
         with state.transaction(self.database):
             self.database.execute(
@@ -142,6 +159,7 @@ class Launcher:
                 f"WHERE {KEY}",
                 (time.time(), *key(attempt)),
             )
+        attempt["state"], attempt["reason"] = "cancelled", "not started"
 
     def task(self, spec: JobSpec, attempt: Any) -> TaskLaunch:
         job_id, replica, number = key(attempt)
@@ -164,9 +182,12 @@ class Launcher:
             workdir=spec.workdir,
         )
 
-    def _refuse(self, attempt: Any, error: Exception) -> None:
+    def _refuse(self, attempt: dict[str, Any], error: Exception) -> str:
+        """Record a refused launch: the attempt failed, its job's unstarted replicas cancelled,
+        the job's outcome; return the outcome."""
         reason = f"could not start replica {attempt['replica']}: {error}"
         kind = "refused" if isinstance(error, UsageError) else "failed"
+        outcome = f"{kind}: {reason}"
         with state.transaction(self.database):
             self.database.execute(
                 f"UPDATE attempts SET state = 'failed', reason = ?, ended_at = ? WHERE {KEY}",
@@ -174,10 +195,11 @@ class Launcher:
             )
             self.database.execute(
                 "UPDATE attempts SET state = 'cancelled', ended_at = ?, "
-                "reason = 'not started: a replica failed to start' "
-                "WHERE job_id = ? AND state = 'launching' AND handle IS NULL",
-                (time.time(), attempt["job_id"]),
+                "reason = ? WHERE job_id = ? AND state = 'launching' AND handle IS NULL",
+                (time.time(), UNSTARTED, attempt["job_id"]),
             )
             self.database.execute(
-                "UPDATE jobs SET outcome = ? WHERE id = ?", (f"{kind}: {reason}", attempt["job_id"])
+                "UPDATE jobs SET outcome = ? WHERE id = ?", (outcome, attempt["job_id"])
             )
+        attempt["state"], attempt["reason"] = "failed", reason
+        return outcome
