@@ -20,8 +20,15 @@ re-polls the attempts it had, adopts the ones still running and never launches o
 specs never change, so each is parsed once and kept with its demand, and the pending queue is kept
 in memory (keel.cluster.pending): loaded once at start, then updated as jobs are assigned,
 rejected or requeued here, and from the jobs table's new rows and the events table's new
-cancellations for what other processes submit or cancel. Assignment re-checks inside its
-transaction that each job is still pending (keel.cluster.launch), so no job starts twice.
+cancellations for what other processes submit or cancel. So are the running jobs, their
+replicas' latest attempts and the active attempts: only this controller writes those rows (one
+controller per root, keel.cluster.lock); the one thing another process changes on them, a
+cancel request, arrives as a "cancel requested" event. Memory is updated with the database, in
+the same transaction, and nothing is launched, cancelled or reported before that commits; a
+tick commits three times: the reconciled attempts and jobs, the capacity reports with the tick
+number and the scheduling round's attempts (recorded before any launch), then the launched
+attempts' handles. Assignment re-checks inside its transaction that each job is still pending
+(keel.cluster.launch), so no job starts twice.
 """
 
 from __future__ import annotations
@@ -557,6 +564,10 @@ class Controller:
         if len(taken) < len(assignments):
             gone = {job_id for job_id, _ in assignments} - {job_id for job_id, _ in taken}
             logger.warning("jobs %s were no longer pending when assigned", sorted(gone))
+            for job_id in gone:  # cancelled meanwhile: nothing more to do for them
+                self._jobs.pop(job_id, None)
+                self._rows.pop(job_id, None)
+                self._reasons.pop(job_id, None)
         for job_id, cluster in taken:
             self.ledger.reserve(job_id, cluster, self._jobs[job_id].pending.demand, self.ticks)
             job = self._running[job_id] = self._rows[job_id]

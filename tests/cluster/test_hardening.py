@@ -16,7 +16,7 @@ from keel.cluster.controller import Controller
 from keel.cluster.launch import JobInfo, record_assignments
 from keel.cluster.local import LocalBackend
 from keel.cluster.scheduler import PendingJob
-from keel.cluster.spec import JobSpec
+from keel.cluster.spec import JobSpec, Priority, Resources
 from keel.core.errors import ConfigError, UsageError
 from keel.telemetry import TelemetryStore
 
@@ -230,3 +230,71 @@ def test_a_task_started_by_a_controller_killed_before_it_wrote_the_pid_is_adopte
         os.killpg(orphan.pid, signal.SIGKILL)
         orphan.wait()
     assert backend.poll([handle])[handle].state is TaskState.LOST
+
+
+def memory_and_database(control: Controller) -> tuple[dict, dict]:
+    """What the controller keeps in memory of its running jobs, their latest attempts and the
+    active attempts, and the same read from the database."""
+    from keel.cluster.controller import ATTEMPT_COLUMNS, JOB_COLUMNS
+
+    database = control.database
+    running = "state IN ('running', 'preempted')"
+    jobs = {
+        row["id"]: dict(row)
+        for row in database.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE {running}")
+    }
+    active = {
+        (row["job_id"], row["replica"], row["attempt"]): dict(row)
+        for row in database.execute(
+            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE state IN {state.ACTIVE_ATTEMPT_STATES}"
+        )
+    }
+    latest: dict[str, dict] = {}
+    for row in database.execute(
+        f"SELECT {ATTEMPT_COLUMNS} FROM tasks WHERE job_id IN (SELECT id FROM jobs WHERE {running})"
+    ):
+        latest.setdefault(row["job_id"], {})[row["replica"]] = dict(row)
+    memory = {"jobs": control._running, "active": control._attempts, "latest": control._latest}
+    return memory, {"jobs": jobs, "active": active, "latest": latest}
+
+
+def test_the_controllers_memory_follows_the_database_through_every_transition(tmp_path):
+    """Successes, retries, a gang with a failing replica, a refused launch, a preemption and a
+    cancel request by another process: after every tick the running jobs and attempts the
+    controller keeps in memory are those in the database."""
+    control = Controller(tmp_path, {"local": LocalBackend(tmp_path / "tasks", max_cpus=2)})
+    other = state.connect(tmp_path / "state.db")  # job commands in another process
+    marker = tmp_path / "preempted-once"
+    jobs = [
+        state.submit(other, JobSpec(("true",))),
+        state.submit(other, JobSpec(("sh", "-c", "exit 3"), max_retries=1)),
+        state.submit(other, JobSpec(("sh", "-c", 'exit "$KEEL_REPLICA"'), replicas=2)),
+        state.submit(other, JobSpec(("true",), workdir=str(tmp_path / "missing"))),
+        state.submit(
+            other,
+            JobSpec(
+                ("sh", "-c", f"if [ ! -e {marker} ]; then touch {marker}; sleep 30; fi"),
+                resources=Resources(cpus=2),
+            ),
+        ),
+    ]
+    cancelled = state.submit(other, JobSpec(("sleep", "30")))
+    deadline = time.monotonic() + 60
+    while True:
+        control.tick()
+        memory, stored = memory_and_database(control)
+        assert memory == stored
+        if marker.exists() and len(jobs) == 5:
+            jobs.append(state.submit(other, JobSpec(("true",), priority=Priority.PRODUCTION)))
+        if state.job_status(other, cancelled)["state"] == "running":
+            state.request_cancel(other, cancelled)
+        ended = [state.job_status(other, job)["state"] in state.FINAL_JOB_STATES for job in jobs]
+        if all(ended) and state.job_status(other, cancelled)["state"] == "cancelled":
+            break
+        assert time.monotonic() < deadline, memory
+        time.sleep(0.05)
+    final = [state.job_status(other, job)["state"] for job in jobs]
+    assert final == ["succeeded", "failed", "failed", "failed", "succeeded", "succeeded"]
+    assert state.job_status(other, jobs[4])["preemptions"] == 1
+    assert memory_and_database(control)[0] == {"jobs": {}, "active": {}, "latest": {}}
+    control.close()
