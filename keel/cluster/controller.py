@@ -129,7 +129,6 @@ class Controller:
         report = TickReport(self.ticks)
         report.finished = self._reconcile()
         reported = self._capacity_reports()
-        self._load_new()
         running = list(self._running.values())
         pending = self._queue.ordered()
         self._schedule(pending, running, reported, report)
