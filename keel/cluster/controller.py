@@ -196,6 +196,10 @@ class Controller:
                 changes.append(
                     (status.state.value, status.exit_code, status.reason, ended, *key(row))
                 )
+        changed = {change[4] for change in changes}
+        jobs = self._jobs_to_reconcile(None if self.ticks == self._first_tick else changed)
+        if not changes and not jobs:
+            return 0
         with state.transaction(self.database):  # the attempts' news and what follows, at once
             if changes:
                 self.database.executemany(
@@ -208,21 +212,17 @@ class Controller:
                 attempt["state"], attempt["reason"] = new_state, reason or ""
                 if new_state not in ACTIVE:
                     del self._attempts[attempt_key[0], attempt_key[1], attempt_key[2]]
-            changed = {change[4] for change in changes}
-            finished, to_cancel = self._reconcile_jobs(
-                None if self.ticks == self._first_tick else changed
-            )
+            finished, to_cancel = self._reconcile_jobs(jobs)
         self._requeue()
         for cluster, active in to_cancel:
             self._cancel(cluster, active)
         return finished
 
-    def _reconcile_jobs(self, changed: set[str] | None) -> tuple[int, list[tuple[str, list]]]:
-        """Move on the jobs that need it: those whose attempts changed this tick (all of them on
-        the first tick after a start), and those being stopped (an outcome, a cancel request, a
-        preemption). Inside the caller's transaction; returns the jobs that ended and the
-        attempts to cancel once it commits."""
-        jobs = [
+    def _jobs_to_reconcile(self, changed: set[str] | None) -> list[dict[str, Any]]:
+        """The jobs that may move on: those whose attempts changed this tick (all of them when
+        `changed` is None: the first tick after a start), and those being stopped (an outcome,
+        a cancel request, a preemption)."""
+        return [
             job
             for job in self._running.values()
             if changed is None
@@ -231,6 +231,10 @@ class Controller:
             or job["state"] == "preempted"
             or job["id"] in changed
         ]
+
+    def _reconcile_jobs(self, jobs: list[dict[str, Any]]) -> tuple[int, list[tuple[str, list]]]:
+        """Move `jobs` on from their latest attempts, inside the caller's transaction; return
+        how many ended and the attempts to cancel once it commits."""
         finished = 0
         to_cancel: list[tuple[str, list[dict]]] = []
         if jobs:
