@@ -57,7 +57,8 @@ def record_assignments(
         row[0]
         for row in state.rows_for_ids(
             database,
-            "SELECT id FROM jobs WHERE id IN ({ids}) AND state = 'pending'",
+            # "+state": look the ids up by key; on state, SQLite would scan the whole queue
+            "SELECT id FROM jobs WHERE id IN ({ids}) AND +state = 'pending'",
             [job_id for job_id, _ in assignments],
         )
     }
