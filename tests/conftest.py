@@ -29,3 +29,15 @@ def wikitext_cache(tmp_path_factory) -> str:
     docs = write_texts(root / "docs", texts)
     run_tokenize(docs, str(root / "cache"), TokenizeConfig(vocab_size=512), RunOptions(workers=1))
     return str(root / "cache")
+
+
+@pytest.fixture(autouse=True)
+def _keel_logging_restored():
+    """A command run in-process (typer's CliRunner) sets up keel's log handler; put the logger
+    back after each test, so a later test's captured output does not depend on test order."""
+    import logging
+
+    keel_logger = logging.getLogger("keel")
+    saved = keel_logger.handlers[:], keel_logger.level, keel_logger.propagate
+    yield
+    keel_logger.handlers[:], keel_logger.level, keel_logger.propagate = saved
