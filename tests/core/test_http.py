@@ -12,24 +12,15 @@ import time
 
 import pytest
 
+from keel.cluster import state
 from keel.cluster.api import ControllerServer
+from keel.cluster.spec import JobSpec
 from keel.telemetry import StoreOptions, TelemetryStore
 from keel.telemetry.client import HttpTelemetry
 from keel.telemetry.server import TelemetryServer
 
-SPEC = {
-    "command": ["sh", "-c", "touch pwned"],
-    "name": "drive-by",
-    "resources": {"cpus": 1.0, "memory_mb": 0, "device_type": "cpu", "device_count": 0},
-    "replicas": 1,
-    "env": {},
-    "region": "",
-    "cluster": "",
-    "priority": "batch",
-    "max_retries": 0,
-    "max_preemptions": 10,
-    "workdir": "",
-}
+SPEC = json.loads(state.encode_spec(JobSpec(("sh", "-c", "touch pwned"), name="drive-by")))
+"""A whole job spec as the controller API takes it (every key, as the client sends it)."""
 JSON = {"Content-Type": "application/json"}
 
 
@@ -186,7 +177,6 @@ def test_logs_over_http_hide_the_jobs_secrets_as_keel_job_logs_does(
     """A task printing its token: the API shows it as *** (the job's env names it secret), also
     when the output comes in chunks smaller than it (each chunk ends at a line's end)."""
     from keel.cluster import api, state
-    from keel.cluster.spec import JobSpec
 
     database = state.connect(controller.root / "state.db")
     job_id = state.submit(database, JobSpec(("true",), env={"HF_TOKEN": "hf_s3cretvalue"}))

@@ -4,6 +4,7 @@ with tests/cli's)."""
 
 import pytest
 
+from keel.cluster import state
 from keel.cluster.api import ControllerServer
 from keel.telemetry import StoreOptions, TelemetryStore
 from keel.telemetry.server import TelemetryServer
@@ -21,6 +22,8 @@ def telemetry(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def controller(tmp_path_factory):
-    server = ControllerServer(tmp_path_factory.mktemp("fuzz-controller")).start()
+    root = tmp_path_factory.mktemp("fuzz-controller")
+    state.connect(root / "state.db").close()  # as a running controller has it: counts never race
+    server = ControllerServer(root).start()
     yield server
     server.stop()

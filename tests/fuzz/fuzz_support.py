@@ -30,8 +30,6 @@ def stored_rows(store) -> dict[str, int]:
 
 
 def queued_jobs(server) -> int:
-    if not (server.root / "state.db").exists():
-        return 0
     with sqlite3.connect(server.root / "state.db") as database:
         return database.execute("SELECT count(*) FROM jobs").fetchone()[0]
 

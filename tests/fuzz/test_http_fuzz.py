@@ -11,6 +11,8 @@ from fuzz_support import FUZZ, assert_answered, exchange, queued_jobs, stored_ro
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from keel.cluster import state
+from keel.cluster.spec import JobSpec
 from keel.telemetry.wire import arrow_stream
 
 NAMESPACES = ["fuzz.a", "fuzz.b", "fuzz.c"]
@@ -300,19 +302,8 @@ def test_random_sql_is_answered_or_refused_in_one_line(telemetry, query, arrow):
     assert_answered(exchange(telemetry, request), request)
 
 
-SPEC = {
-    "command": ["true"],
-    "name": "fuzz",
-    "resources": {"cpus": 1.0, "memory_mb": 0, "device_type": "cpu", "device_count": 0},
-    "replicas": 1,
-    "env": {},
-    "region": "",
-    "cluster": "",
-    "priority": "batch",
-    "max_retries": 0,
-    "max_preemptions": 10,
-    "workdir": "",
-}
+SPEC = json.loads(state.encode_spec(JobSpec(("true",), name="fuzz")))
+"""A whole job spec as the controller API takes it (every key, as the client sends it)."""
 
 
 @st.composite
