@@ -163,13 +163,22 @@ def to_table(data: Any, schema: pa.Schema | None, time_unit: str | None = None) 
             "send each column once"
         )
     if schema is None:
-        data = data.cast(infer_schema(data)) if data.num_columns else data
+        data = _cast(data, infer_schema(data)) if data.num_columns else data
     else:
         data = _conform(data, schema, time_unit)
     for field in data.schema:
         if pa.types.is_timestamp(field.type):
             times.check_times(field.name, data.column(field.name))
     return data
+
+
+def _cast(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    try:
+        return data.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as error:
+        # e.g. objects in a list where one lacks another's keys ([{"a": null}, {}]): pyarrow builds
+        # the column but cannot cast it
+        raise TelemetryInputError(f"rows cannot be stored: {_first_line(error)}") from None
 
 
 def _rows_to_table(rows: list[Any], schema: pa.Schema | None, time_unit: str | None) -> pa.Table:

@@ -131,3 +131,14 @@ def test_an_empty_object_is_refused_at_write_and_later_flushes_work(tmp_path, va
         store.write(NAMESPACE, [{"ts": "2026-11-01T00:00:00", "kept": {"a": 1}}])
         store.flush()
         assert store.query(f"SELECT kept.a AS a FROM {T}").to_pylist() == [{"a": 1}]
+
+
+def test_objects_lacking_each_others_keys_in_a_list_are_refused_in_one_line(tmp_path):
+    """pyarrow builds [{"ts": null}, {}, {}] as a column it cannot cast (found by tests/fuzz: a
+    500 from the server): refused in one line, and the namespace is not created."""
+    with TelemetryStore(tmp_path, SMALL) as store:
+        with pytest.raises(TelemetryInputError) as refused:
+            store.write(NAMESPACE, [{"rows": [{"ts": None}, {}, {}]}])
+        assert "\n" not in str(refused.value)
+        assert NAMESPACE not in store.namespaces()
+        assert store.write(NAMESPACE, [{"rows": [{"ts": "x"}, {}]}]) == 1
