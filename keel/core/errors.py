@@ -40,3 +40,11 @@ class UnhashableConfigError(ConfigError):
 
 class LockLostError(KeelError):
     """This process no longer holds a lock it thought it held (another runner took it over)."""
+
+
+def one_line(error: BaseException | str) -> str:
+    """The first line of an error's text (its class name if it has none)."""
+    text = str(error).strip()
+    if text:
+        return text.splitlines()[0]
+    return type(error).__name__ if isinstance(error, BaseException) else "error"

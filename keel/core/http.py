@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from keel.core.errors import KeelError, UsageError
+from keel.core.errors import KeelError, UsageError, one_line
 
 logger = logging.getLogger(__name__)
 
@@ -116,14 +116,6 @@ class HttpError(Exception):
         self.status = status
         self.message = one_line(message)
         self.kind = kind
-
-
-def one_line(error: BaseException | str) -> str:
-    """The first line of an error's text (its class name if it has none)."""
-    text = str(error).strip()
-    if text:
-        return text.splitlines()[0]
-    return type(error).__name__ if isinstance(error, BaseException) else "error"
 
 
 def error_body(message: str, kind: str) -> bytes:

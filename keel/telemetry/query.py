@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from keel.core.errors import one_line
 from keel.telemetry import plan as planner
 from keel.telemetry.manifest import Manifest, SegmentEntry
 from keel.telemetry.schema import QueryLimitError, QueryLimits, TelemetryQueryError
@@ -185,11 +186,11 @@ def _execute(
         raise
     except duckdb.OutOfMemoryException as error:
         raise QueryLimitError(
-            f"the query needs more memory than the store allows ({_first_line(error)}): "
+            f"the query needs more memory than the store allows ({one_line(error)}): "
             "narrow its WHERE or aggregate less"
         ) from None
     except duckdb.Error as error:
-        raise TelemetryQueryError(f"query failed: {_first_line(error)}") from None
+        raise TelemetryQueryError(f"query failed: {one_line(error)}") from None
 
 
 def _over_time(limits: QueryLimits) -> QueryLimitError:
@@ -197,10 +198,6 @@ def _over_time(limits: QueryLimits) -> QueryLimitError:
         f"the query ran longer than {limits.timeout_seconds:g} s (timeout_seconds): "
         "narrow its time range or WHERE, or add a LIMIT"
     )
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _quote(name: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from keel.core.errors import one_line
 from keel.telemetry import times
 from keel.telemetry.errors import QueryLimitError as QueryLimitError
 from keel.telemetry.errors import QueryLimits as QueryLimits
@@ -178,7 +179,7 @@ def _cast(data: pa.Table, schema: pa.Schema) -> pa.Table:
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as error:
         # e.g. objects in a list where one lacks another's keys ([{"a": null}, {}]): pyarrow builds
         # the column but cannot cast it
-        raise TelemetryInputError(f"rows cannot be stored: {_first_line(error)}") from None
+        raise TelemetryInputError(f"rows cannot be stored: {one_line(error)}") from None
 
 
 def _rows_to_table(rows: list[Any], schema: pa.Schema | None, time_unit: str | None) -> pa.Table:
@@ -249,7 +250,7 @@ def _json_column(name: str, values: list[Any], target: pa.DataType | None) -> pa
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError) as error:
         expected = f" as {target}" if target is not None else ""
         raise TelemetryInputError(
-            f"column {name!r}: cannot read its values{expected}: {_first_line(error)}"
+            f"column {name!r}: cannot read its values{expected}: {one_line(error)}"
         ) from None
 
 
@@ -277,7 +278,7 @@ def _conform(data: pa.Table, schema: pa.Schema, time_unit: str | None) -> pa.Tab
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
                 raise TelemetryInputError(
                     f"column {field.name!r} is {column.type}, the schema says {field.type}: "
-                    f"{_first_line(error)}"
+                    f"{one_line(error)}"
                 ) from None
         columns.append(column)
     return pa.Table.from_arrays(columns, schema=schema)
@@ -308,10 +309,6 @@ def _castable(source: pa.DataType, target: pa.DataType) -> bool:
 def schema_to_json(schema: pa.Schema) -> dict[str, str]:
     """{column: Arrow type string}, in column order (for manifests and the server)."""
     return {field.name: str(field.type) for field in schema}
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _listed(value: tuple[str, ...] | None) -> list[str] | None:

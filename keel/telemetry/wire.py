@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from keel.core.http import ARROW_STREAM, JSON, NDJSON, one_line
+from keel.core.errors import one_line
+from keel.core.http import ARROW_STREAM, JSON, NDJSON
 from keel.telemetry.schema import TelemetryInputError
 
 __all__ = [
