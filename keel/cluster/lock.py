@@ -13,6 +13,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from keel.core.flock import try_lock
+
 LOCK_FILE = "controller.lock"
 
 
@@ -31,14 +33,9 @@ class ControllerLock:
         """Take the lock without waiting; False when another process holds it."""
         if self._fd is not None:
             return True
-        fd = _open(self.path)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self._fd = fd
-        return True
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = try_lock(self.path)
+        return self._fd is not None
 
     def release(self) -> None:
         if self._fd is not None:
@@ -57,8 +54,3 @@ def held_by_someone(root: Path) -> bool:
         probe.release()
         return False
     return True
-
-
-def _open(path: Path) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

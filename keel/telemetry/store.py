@@ -15,7 +15,6 @@ segment, never lost and never counted twice.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import socket
@@ -30,6 +29,7 @@ import duckdb
 import orjson
 import pyarrow as pa
 
+from keel.core.flock import try_lock
 from keel.telemetry import compaction, segment, wal
 from keel.telemetry.compaction import CompactionReport
 from keel.telemetry.manifest import Manifest, SegmentEntry, load_manifest
@@ -290,12 +290,9 @@ class TelemetryStore:
             if self._lock_fd >= 0:
                 return
             self.root.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 4096, 0).decode("utf-8", "replace")
-                os.close(fd)
+            fd = try_lock(self.root / LOCK_FILE, 0o644)
+            if fd is None:
+                holder = (self.root / LOCK_FILE).read_bytes()[:4096].decode("utf-8", "replace")
                 raise StoreBusyError(
                     f"telemetry store {self.root} is open for writing by another process "
                     f"({holder.strip() or 'unknown'}): write through its server (--url) or stop it"
