@@ -53,20 +53,33 @@ from keel.cluster.spec import JobSpec, Resources
 
 TARGET_MS = 15.0
 SEED = 20240807
-PHASES = ("_reconcile", "_capacity_reports", "_schedule", "_autoscale")
+PHASES = (
+    "_load_new",
+    "_poll",
+    "_capacity_reports",
+    "_reconcile",
+    "_schedule",
+    "_launch",
+    "_autoscale",
+)
 # Parts of a phase, timed the same way: (the phase, the object's path from the controller, the
 # method inside it): "" is the controller itself, "launcher" its Launcher (keel/cluster/launch.py).
-PARTS = (("_reconcile", "", "_reconcile_jobs"), ("_schedule", "launcher", "launch"))
+PARTS = (("_reconcile", "", "_reconcile_jobs"), ("_launch", "launcher", "launch"))
 PHASE_ROWS = (
+    "_load_new",
+    "_poll",
+    "_capacity_reports",
     "_reconcile",
     "  _reconcile_jobs (jobs' states from their attempts)",
-    "_capacity_reports",
     "_schedule",
     "  schedule() (the pure decision)",
+    "_launch",
     "  launcher.launch (backend launches, handles recorded)",
     "_autoscale",
     "logs.stream",
+    "rest (the transaction's BEGIN and COMMIT, the tick's glue)",
 )
+REST = PHASE_ROWS[-1]
 
 
 @dataclass
@@ -168,7 +181,8 @@ class PhaseTimer:
             row = next(row for row in PHASE_ROWS if row.startswith(f"  {label} "))
             setattr(owner, part, self._timed(row, getattr(owner, part)))
         control.logs.stream = self._timed("logs.stream", control.logs.stream)
-        controller_module.schedule = self._timed(PHASE_ROWS[4], controller_module.schedule)
+        decision = next(row for row in PHASE_ROWS if row.startswith("  schedule() "))
+        controller_module.schedule = self._timed(decision, controller_module.schedule)
 
     def _timed(self, phase: str, function: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -254,8 +268,12 @@ def main() -> None:
             cpu.append(time.process_time() - cpu_began)
             ticks.append(report.seconds)
             launched.append(report.launched)
-            for phase, seconds in timer.take().items():
+            taken = timer.take()
+            for phase, seconds in taken.items():
                 phases[phase].append(seconds)
+            top = [taken.get(phase, (0.0, 0.0)) for phase in (*PHASES, "logs.stream")]
+            rest_wall = report.seconds - sum(wall for wall, _ in top)
+            phases[REST].append((rest_wall, cpu[-1] - sum(used for _, used in top)))
             top_up(control, args.queued, spec)
         running, pending = count(control, "running"), count(control, "pending")
         median_ms = statistics.median(ticks) * 1e3

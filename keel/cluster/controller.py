@@ -44,7 +44,7 @@ from typing import Any
 import orjson
 
 from keel.cluster import state
-from keel.cluster.backend import ScaleGroup, TaskBackend, TaskState
+from keel.cluster.backend import Capacity, ScaleGroup, TaskBackend, TaskState
 from keel.cluster.launch import KEY, UNSTARTED, JobInfo, Launcher, key, record_assignments
 from keel.cluster.ledger import CapacityLedger
 from keel.cluster.logs import LogStreamer
@@ -127,11 +127,23 @@ class Controller:
         began = time.perf_counter()
         self.ticks += 1
         report = TickReport(self.ticks)
-        report.finished = self._reconcile()
-        reported = self._capacity_reports()
-        running = list(self._running.values())
-        pending = self._queue.ordered()
-        self._schedule(pending, running, reported, report)
+        self._load_new()
+        changes = self._poll()
+        capacities = self._capacity_reports()
+        # One write transaction a tick for what the backends said and what the round decided;
+        # nothing is launched or cancelled before it commits.
+        with state.transaction(self.database):
+            report.finished, to_cancel = self._reconcile(changes)
+            reported = self._apply_capacities(capacities)
+            self._write_tick(reported)
+            running = list(self._running.values())
+            pending = self._queue.ordered()
+            launches, preempted = self._schedule(pending, running, report)
+        for cluster, active in to_cancel:
+            self._cancel(cluster, active)
+        self._launch(launches)
+        for cluster, active in preempted:
+            self._cancel(cluster, active)
         self._autoscale(pending, running)
         self.logs.stream()
         report.seconds = time.perf_counter() - began
@@ -166,9 +178,10 @@ class Controller:
 
     # -- reconcile -----------------------------------------------------------------------------
 
-    def _reconcile(self) -> int:
-        """Bring attempts and jobs up to date with the backends; return jobs that ended."""
-        self._load_new()
+    def _poll(self) -> list[tuple]:
+        """Ask the backends about every active attempt (launching again those recorded before
+        a crash whose launch was never confirmed); return the attempts' changes as rows for
+        `UPDATE attempts`: (state, exit code, reason, ended at, *key)."""
         by_cluster: dict[str, list[Any]] = {}
         for attempt in list(self._attempts.values()):
             if attempt["handle"] is None:
@@ -196,27 +209,27 @@ class Controller:
                 changes.append(
                     (status.state.value, status.exit_code, status.reason, ended, *key(row))
                 )
+        return changes
+
+    def _reconcile(self, changes: list[tuple]) -> tuple[int, list[tuple[str, list]]]:
+        """Record the attempts' `changes` and move their jobs on, inside the tick's transaction;
+        return how many jobs ended and the attempts to cancel once it commits."""
         changed = {change[4] for change in changes}
         jobs = self._jobs_to_reconcile(None if self.ticks == self._first_tick else changed)
-        if not changes and not jobs:
-            return 0
-        with state.transaction(self.database):  # the attempts' news and what follows, at once
-            if changes:
-                self.database.executemany(
-                    "UPDATE attempts SET state = ?, exit_code = ?, reason = ?, ended_at = ? "
-                    f"WHERE {KEY}",
-                    changes,
-                )
-            for new_state, _, reason, _, *attempt_key in changes:
-                attempt = self._attempts[tuple(attempt_key)]
-                attempt["state"], attempt["reason"] = new_state, reason or ""
-                if new_state not in ACTIVE:
-                    del self._attempts[attempt_key[0], attempt_key[1], attempt_key[2]]
-            finished, to_cancel = self._reconcile_jobs(jobs)
+        if changes:
+            self.database.executemany(
+                "UPDATE attempts SET state = ?, exit_code = ?, reason = ?, ended_at = ? "
+                f"WHERE {KEY}",
+                changes,
+            )
+        for new_state, _, reason, _, *attempt_key in changes:
+            attempt = self._attempts[tuple(attempt_key)]
+            attempt["state"], attempt["reason"] = new_state, reason or ""
+            if new_state not in ACTIVE:
+                del self._attempts[attempt_key[0], attempt_key[1], attempt_key[2]]
+        finished, to_cancel = self._reconcile_jobs(jobs)
         self._requeue()
-        for cluster, active in to_cancel:
-            self._cancel(cluster, active)
-        return finished
+        return finished, to_cancel
 
     def _jobs_to_reconcile(self, changed: set[str] | None) -> list[dict[str, Any]]:
         """The jobs that may move on: those whose attempts changed this tick (all of them when
@@ -343,30 +356,38 @@ class Controller:
 
     # -- capacity, scheduling, autoscaling -----------------------------------------------------
 
-    def _capacity_reports(self) -> list[tuple]:
+    def _capacity_reports(self) -> dict[str, Capacity]:
         """Every `report_every` ticks (and on the first after a start) ask each backend for its
-        capacity and put it in the ledger; return the clusters table's rows to write (in the
-        scheduling transaction)."""
+        capacity (after the poll: what ended by then is free in it); a backend that cannot
+        answer keeps its last report."""
         if self.ticks != self._first_tick and self.ticks % self.report_every:
-            return []
-        reported = []
+            return {}
+        capacities = {}
         for name, backend in self.backends.items():
             try:
-                capacity = backend.capacity()
+                capacities[name] = backend.capacity()
             except KeelError as error:  # keep the last report; retry next time
                 logger.warning("cluster %s reported no capacity: %s", name, error)
-                continue
+        return capacities
+
+    def _apply_capacities(self, capacities: dict[str, Capacity]) -> list[tuple]:
+        """Put the reports into the ledger (after reconciling: the jobs that ended then are
+        not leaving any more, their capacity is in the report); return the clusters table's
+        rows to write."""
+        reported = []
+        now = time.time()
+        for name, capacity in capacities.items():
             self.ledger.report(name, capacity.free, self.ticks)
             self._leaving[name] = []
             self._totals[name] = dict(capacity.total)
             reported.append(
                 (
                     name,
-                    backend.name,
+                    self.backends[name].name,
                     self.regions.get(name, capacity.region),
                     orjson.dumps(dict(capacity.total)).decode(),
                     orjson.dumps(dict(capacity.free)).decode(),
-                    time.time(),
+                    now,
                     self.ticks,
                 )
             )
@@ -450,18 +471,12 @@ class Controller:
                 self._latest.setdefault(attempt["job_id"], {})[attempt["replica"]] = attempt
 
     def _schedule(
-        self,
-        queue: list[PendingJob],
-        running: list[dict],
-        reported: list[tuple],
-        report: TickReport,
-    ) -> None:
-        """Decide the round (when jobs are queued), then write it, the capacity reports and the
-        tick number in one transaction; launch and cancel once it has committed."""
+        self, queue: list[PendingJob], running: list[dict], report: TickReport
+    ) -> tuple[list[tuple[dict[str, Any], JobSpec]], list[tuple[str, list]]]:
+        """Decide the round (when jobs are queued) and write it, inside the tick's transaction;
+        return the attempts to launch and the preempted attempts to cancel once it commits."""
         if not queue:
-            with state.transaction(self.database):
-                self._write_tick(reported)
-            return
+            return [], []
         stopping = [job for jobs in self._leaving.values() for job in jobs]
         views = self._running_views
         for row in running:
@@ -492,41 +507,37 @@ class Controller:
         )
         fresh = self._queue.take_fresh()
         cancels: list[tuple[str, list]] = []
-        with state.transaction(self.database):
-            self._write_tick(reported)
-            for job_id, reason in decision.rejections.items():
-                self._end(self._rows[job_id], "failed", f"rejected: {reason}")
-                report.rejected += 1
-            for job_id in decision.preemptions:
-                outcome = "preempted: for production work"
-                self.database.execute(
-                    "UPDATE jobs SET state = 'preempted', outcome = ? WHERE id = ?",
-                    (outcome, job_id),
-                )
-                state.event(self.database, job_id, "preempted")
-                job = self._running[job_id]
-                job.update(state="preempted", outcome=outcome)
-                active = [t for t in self._latest.get(job_id, {}).values() if t["state"] in ACTIVE]
-                cancels.append((job["cluster"], active))
-                report.preempted += 1
-            launches = self._record_assignments(decision.assignments)
-            report.launched += len(decision.assignments)
-            reasons = self._reasons
-            changed = [(r, j) for j, r in decision.waiting.items() if reasons.get(j) != r]
-            # The tail of the queue (decision.tail) keeps its reasons: only jobs new to the queue
-            # get their shape's, so a tick never rewrites 10,000 rows it has no news for.
-            changed += [
-                (decision.blocked[self._jobs[j].pending.shape], j)
-                for j in fresh
-                if j not in decision.waiting and j in self._queue
-            ]
-            self.database.executemany("UPDATE jobs SET reason = ? WHERE id = ?", changed)
-            reasons.update((j, r) for r, j in changed)
-            self._write_ends()
+        for job_id, reason in decision.rejections.items():
+            self._end(self._rows[job_id], "failed", f"rejected: {reason}")
+            report.rejected += 1
+        for job_id in decision.preemptions:
+            outcome = "preempted: for production work"
+            self.database.execute(
+                "UPDATE jobs SET state = 'preempted', outcome = ? WHERE id = ?",
+                (outcome, job_id),
+            )
+            state.event(self.database, job_id, "preempted")
+            job = self._running[job_id]
+            job.update(state="preempted", outcome=outcome)
+            active = [t for t in self._latest.get(job_id, {}).values() if t["state"] in ACTIVE]
+            cancels.append((job["cluster"], active))
+            report.preempted += 1
+        launches = self._record_assignments(decision.assignments)
+        report.launched += len(decision.assignments)
+        reasons = self._reasons
+        changed = [(r, j) for j, r in decision.waiting.items() if reasons.get(j) != r]
+        # The tail of the queue (decision.tail) keeps its reasons: only jobs new to the queue
+        # get their shape's, so a tick never rewrites 10,000 rows it has no news for.
+        changed += [
+            (decision.blocked[self._jobs[j].pending.shape], j)
+            for j in fresh
+            if j not in decision.waiting and j in self._queue
+        ]
+        self.database.executemany("UPDATE jobs SET reason = ? WHERE id = ?", changed)
+        reasons.update((j, r) for r, j in changed)
+        self._write_ends()
         self._requeue()
-        self._launch(launches)
-        for cluster, active in cancels:
-            self._cancel(cluster, active)
+        return launches, cancels
 
     def _write_tick(self, reported: list[tuple]) -> None:
         """The capacity reports and the tick number (inside the caller's transaction)."""
