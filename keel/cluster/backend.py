@@ -42,6 +42,11 @@ class TaskLaunch:
     device_count: int = 0
     log_dir: str = ""  # a directory for this attempt's stdout / stderr files
     workdir: str = ""  # where the command runs ("" = the controller's working directory)
+    # A gang's replicas of this attempt share this directory ("" for a job of one replica):
+    # its `coordinator` file holds KEEL_COORDINATOR as the launcher chose it; a backend whose
+    # replicas land on other hosts rendezvouses there (see slurm.py). env has KEEL_COORDINATOR,
+    # KEEL_REPLICA and KEEL_REPLICAS for every replica of a gang.
+    gang_dir: str = ""
 
 
 @dataclass(frozen=True)

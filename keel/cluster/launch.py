@@ -9,6 +9,7 @@ replica fails its gang at once; its unstarted siblings are cancelled).
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Mapping
@@ -18,8 +19,11 @@ from typing import Any
 from keel.cluster import state
 from keel.cluster.backend import TaskBackend, TaskLaunch
 from keel.cluster.scheduler import PendingJob
+from keel.cluster.secrets import private_dir
 from keel.cluster.spec import JobSpec
+from keel.core import paths
 from keel.core.errors import UsageError
+from keel.core.gang import COORDINATOR, free_port
 
 logger = logging.getLogger(__name__)
 KEY = "job_id = ? AND replica = ? AND attempt = ?"
@@ -113,6 +117,21 @@ def record_assignments(
     return launches, assignments
 
 
+def gang_coordinator(gang_dir: str) -> str:
+    """KEEL_COORDINATOR of one gang attempt: `127.0.0.1:<a free port>`, chosen when its first
+    replica is launched and kept in `<gang_dir>/coordinator`, so every replica of the attempt
+    gets the same address (also one launched again by a restarted controller) and each attempt
+    a fresh port. Backends whose replicas run on other hosts replace the host (Slurm: replica
+    0's node, through the gang directory)."""
+    path = f"{gang_dir}/coordinator"
+    if os.path.exists(path):
+        return paths.read_text(path).strip()
+    private_dir(gang_dir)
+    coordinator = f"127.0.0.1:{free_port()}"
+    paths.write_text(path, coordinator + "\n")
+    return coordinator
+
+
 class Launcher:
     """Asks backends to start recorded attempts and records what they answer."""
 
@@ -165,6 +184,10 @@ class Launcher:
     def task(self, spec: JobSpec, attempt: Any) -> TaskLaunch:
         job_id, replica, number = key(attempt)
         resources = spec.resources
+        gang_dir, gang_env = "", {}
+        if spec.replicas > 1:  # a gang: its replicas find process 0 at one address per attempt
+            gang_dir = f"{self.tasks_root}/{job_id}/gang/{number}"
+            gang_env = {COORDINATOR: gang_coordinator(gang_dir)}
         return TaskLaunch(
             task_id=f"{job_id}.{replica}",
             attempt=number,
@@ -174,6 +197,7 @@ class Launcher:
                 "KEEL_JOB_ID": job_id,
                 "KEEL_REPLICA": str(replica),
                 "KEEL_REPLICAS": str(spec.replicas),
+                **gang_env,
             },
             cpus=resources.cpus,
             memory_mb=resources.memory_mb,
@@ -181,6 +205,7 @@ class Launcher:
             device_count=resources.device_count,
             log_dir=f"{self.tasks_root}/{job_id}/{replica}/{number}",
             workdir=spec.workdir,
+            gang_dir=gang_dir,
         )
 
     def _refuse(self, attempt: dict[str, Any], error: Exception) -> str:

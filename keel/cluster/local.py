@@ -7,7 +7,9 @@ so a controller restarted after a crash finds its tasks again: one still running
 finished one reports its exit code, one that vanished without an exit code (SIGKILL, a reboot) is
 LOST; one started by a controller killed before it wrote `pid` is found through /proc (the
 session leader whose stdout is the attempt's file). Tasks run in their own session, so a
-controller that dies does not take them down, and cancel stops the whole process group.
+controller that dies does not take them down, and cancel stops the whole process group. The
+replicas of a gang are such tasks on this machine: KEEL_COORDINATOR (127.0.0.1:<port>, as the
+launcher chose it) reaches them as it is.
 
 The pool is a scale group: `scale_to(cpus)` sets how many cpus the backend offers, between
 `min_cpus` and `max_cpus` (default: this machine's cpus); the controller grows it while work waits

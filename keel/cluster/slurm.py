@@ -9,6 +9,19 @@ disabled (AccountingStorageType=accounting_storage/none) sacct cannot answer and
 Log files and the batch script live in one directory per attempt, by default
 `<log_root>/<task_id>/<attempt>/`; on a real cluster it must be on a file system the compute nodes
 share. `<log_root>/handles/<job id>` maps a handle back to its log directory.
+
+Gangs (a job of N > 1 replicas) are N batch jobs of one task each, not one job of N tasks: the
+backend contract launches, polls, cancels and shows the logs of one replica per handle, and a
+Slurm job id as the handle keeps adoption after a controller restart as it is; one job with
+`--ntasks=N` would need per-task handles inside one job and every replica's log directory at
+the first launch. The price: Slurm may start the N jobs at different times, so their batch
+scripts meet in the gang's directory (`TaskLaunch.gang_dir`, under the controller's root, which
+must be shared like the log directories) before the command starts. Replica 0 writes
+`slurm-coordinator` there (its node's host name and the port the launcher chose in
+KEEL_COORDINATOR), every replica touches `ready-<i>`, and once all N are there (within
+`GANG_START_SECONDS`) each exports KEEL_COORDINATOR from that file and runs the command. A
+replica whose siblings do not start in time exits 2 with one `error:` line, failing the gang;
+the controller retries it as it retries any failed gang.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ logger = logging.getLogger(__name__)
 _JOB_ID = re.compile(r"\d+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _IDS_PER_CALL = 200  # job ids per squeue / sacct call, to keep command lines short
+GANG_START_SECONDS = 600  # how long a gang's batch jobs wait for their siblings to start
 
 # fmt: off
 _PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -399,8 +413,36 @@ def _batch_script(task: TaskLaunch) -> str:
         if not _ENV_NAME.fullmatch(key):
             raise UsageError(f"task {task.task_id}: {key!r} is not a valid environment variable")
         lines.append(f"export {key}={shlex.quote(value)}")
+    if task.gang_dir:
+        lines += _gang_rendezvous(task)
     lines.append(f"exec {shlex.join(task.command)}")
     return "\n".join(lines) + "\n"
+
+
+def _gang_rendezvous(task: TaskLaunch) -> list[str]:
+    """Bash lines that wait until every replica of the gang has started and point
+    KEEL_COORDINATOR at replica 0's node (see the module docstring)."""
+    gang = shlex.quote(task.gang_dir)
+    replicas = int(task.env.get("KEEL_REPLICAS", "1"))
+    why = (
+        f"error: keel task {task.task_id}: not all {replicas} replicas of the gang started "
+        f"within {GANG_START_SECONDS} s (see squeue); the gang fails and keel retries it"
+    )
+    return [
+        f"gang={gang}",
+        'if [ "$KEEL_REPLICA" = 0 ]; then',
+        '  echo "$(hostname):${KEEL_COORDINATOR##*:}" > "$gang/slurm-coordinator.$$"',
+        '  mv "$gang/slurm-coordinator.$$" "$gang/slurm-coordinator"',
+        "fi",
+        'touch "$gang/ready-$KEEL_REPLICA"',
+        f"deadline=$((SECONDS + {GANG_START_SECONDS}))",
+        'until [ -e "$gang/slurm-coordinator" ] && '
+        f'[ "$(ls "$gang" | grep -c "^ready-")" -ge {replicas} ]; do',
+        f"  if [ $SECONDS -ge $deadline ]; then echo {shlex.quote(why)} >&2; exit 2; fi",
+        "  sleep 0.5",
+        "done",
+        'export KEEL_COORDINATOR="$(cat "$gang/slurm-coordinator")"',
+    ]
 
 
 def _ended(job: str, state: str, code: int | None, signal: int) -> TaskStatus:

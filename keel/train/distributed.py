@@ -140,11 +140,14 @@ def process_label(gang: GangInfo | None = None) -> str:
     return "process 0/1" if gang is None else f"process {gang.process}/{gang.processes}"
 
 
-def check_shared_directory(path: str | os.PathLike[str], gang: GangInfo | None) -> None:
+def check_shared_directory(path: str | os.PathLike[str], gang: GangInfo | None = None) -> None:
     """Check that every process of the gang sees the same directory at `path` (every process of
     a multi-host run must write and read the run directory on shared storage). Process 0 writes a
     fresh token there; after a barrier every process reads it back. Every process must call this
-    (it is a collective); raises GangError on the processes that do not see the token."""
+    (it is a collective) after `initialize_from_env`; raises GangError on every process when any
+    one of them does not see the token. `gang` defaults to the one the environment describes;
+    a process alone has nothing to check."""
+    gang = gang if gang is not None else gang_from_env()
     if gang is None:
         return
     import numpy as np

@@ -1,11 +1,11 @@
 """A gang member for the tests: joins its gang from KEEL_* variables, sums over all devices of
 all processes, and writes what it saw to <out>/<process>.json.
 
-Usage: python gang_probe.py OUT [--sleep SECONDS] [--fail-once FILE] [--check-shared DIR]
-`--sleep` keeps the gang in a loop of collectives that long (a member killed meanwhile must
-bring the others down); `--fail-once FILE` exits 3 from process 1 when FILE does not exist yet
-(creating it), so a retried gang succeeds; `--check-shared DIR` checks that the gang shares DIR
-("{replica}" in it is replaced by the process's index, to make a directory they do not share).
+Usage: python gang_probe.py OUT [--sleep SECONDS] [--sleep-once MARKER] [--check-shared DIR]
+`--sleep` keeps the gang in a loop of collectives that long (a member killed meanwhile must bring
+the others down); with `--sleep-once MARKER` only while MARKER.<process> does not exist yet (the
+first attempt of a retried gang). `--check-shared DIR` checks that the gang shares DIR ("{replica}"
+in it is replaced by the process's index, to make a directory they do not share).
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--sleep", type=float, default=0.0)
-    parser.add_argument("--fail-once", default="")
+    parser.add_argument("--sleep-once", default="")
     parser.add_argument("--check-shared", default="")
     args = parser.parse_args()
     try:
         gang = distributed.initialize_from_env()
         if args.check_shared:
             replica = os.environ.get("KEEL_REPLICA", "0")
-            distributed.check_shared_directory(args.check_shared.format(replica=replica), gang)
+            distributed.check_shared_directory(args.check_shared.format(replica=replica))
     except KeelError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
@@ -65,16 +65,17 @@ def main() -> int:
                 "label": distributed.process_label(gang),
                 "primary": distributed.is_primary(),
                 "coordinator": os.environ.get("KEEL_COORDINATOR", ""),
+                "pid": os.getpid(),
             }
         )
     )
     print(f"{distributed.process_label(gang)}: sum {total:g}", flush=True)
-    if args.fail_once and gang is not None and gang.process == 1:
-        marker = Path(args.fail_once)
-        if not marker.exists():
-            marker.write_text("failed once\n")
-            return 3
-    deadline = time.monotonic() + args.sleep
+    sleep = args.sleep
+    if args.sleep_once:  # sleep in the first attempt only (one marker per process)
+        marker = Path(f"{args.sleep_once}.{jax.process_index()}")
+        sleep = 0.0 if marker.exists() else sleep
+        marker.touch()
+    deadline = time.monotonic() + sleep
     step = jax.jit(jnp.sum)
     while time.monotonic() < deadline:
         float(step(values))

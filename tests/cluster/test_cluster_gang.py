@@ -1,0 +1,130 @@
+"""Gangs through keel's launchers: every replica of an attempt gets one KEEL_COORDINATOR, the
+replicas form one JAX runtime (tests/train/gang_probe.py: a sum over 2 processes x 4 devices),
+and a member killed mid-run fails the gang, which the controller retries as a unit on a fresh
+port. Local backend (through `keel job run`, and a controller driven here) and Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from keel.cluster.controller import Controller
+from keel.cluster.local import LocalBackend
+from keel.cluster.slurm import SlurmBackend
+from keel.cluster.spec import JobSpec
+from keel.cluster.state import job_status, submit
+
+PROBE = str(Path(__file__).parents[1] / "train" / "gang_probe.py")
+FOUR_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+KEEL = [sys.executable, "-m", "keel"]
+
+
+def _probe(out: Path, *options: str, **changes) -> JobSpec:
+    return JobSpec(
+        (sys.executable, PROBE, str(out), *options), replicas=2, env=FOUR_DEVICES, **changes
+    )
+
+
+def _seen(out: Path) -> list[dict]:
+    return [json.loads((out / f"{i}.json").read_text()) for i in range(2)]
+
+
+def _run_until(control: Controller, job: str, done, seconds: float = 120.0) -> dict:
+    deadline = time.monotonic() + seconds
+    while True:
+        control.tick()
+        status = job_status(control.database, job)
+        if done(status):
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+
+
+def _coordinator(root: Path, job: str, attempt: int) -> str:
+    return (root / "tasks" / job / "gang" / str(attempt) / "coordinator").read_text().strip()
+
+
+@pytest.mark.slow
+def test_keel_job_run_replicas_2_forms_one_runtime_on_the_local_backend(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, **FOUR_DEVICES}
+
+    def keel(*args: str) -> str:
+        done = subprocess.run(
+            [*KEEL, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    job = keel("job", "run", "--replicas", "2", "--", sys.executable, PROBE, str(out)).strip()
+    try:
+        deadline = time.monotonic() + 120
+        while (status := json.loads(keel("job", "status", job, "--json")))["state"] not in (
+            "succeeded",
+            "failed",
+        ):
+            assert time.monotonic() < deadline, status
+            time.sleep(0.5)
+        assert status["state"] == "succeeded", status
+    finally:
+        keel("cluster", "stop")
+    seen = _seen(out)
+    assert [(s["sum"], s["devices"], s["processes"]) for s in seen] == [(36.0, 8, 2)] * 2
+    root = tmp_path / "keel-out" / "cluster"
+    assert {s["coordinator"] for s in seen} == {_coordinator(root, job, 1)}
+    assert _coordinator(root, job, 1).startswith("127.0.0.1:")
+
+
+@pytest.mark.slow
+def test_a_member_killed_mid_run_fails_the_gang_and_the_retry_succeeds_on_a_fresh_port(tmp_path):
+    out, root = tmp_path / "out", tmp_path / "control"
+    control = Controller(root, {"local": LocalBackend(root / "tasks", max_cpus=2)})
+    spec = _probe(out, "--sleep", "300", "--sleep-once", str(tmp_path / "slept"), max_retries=1)
+    job = submit(control.database, spec)
+    _run_until(control, job, lambda _: (out / "0.json").exists() and (out / "1.json").exists())
+    first = _seen(out)
+    for path in out.iterdir():
+        path.unlink()
+    os.kill(first[1]["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    status = _run_until(control, job, lambda s: s["state"] in ("succeeded", "failed"))
+    assert status["state"] == "succeeded" and status["failures"] == 1
+    assert time.monotonic() - killed < 90  # the gang stopped and the retry ran in this time
+    assert [task["attempt"] for task in status["tasks"]] == [2, 2]
+    events = control.database.execute(
+        "SELECT kind, detail FROM events WHERE job_id = ? AND kind = 'requeued'", (job,)
+    ).fetchall()
+    assert [tuple(e) for e in events] == [
+        ("requeued", "retry 1 of 1 after: replica 1: exited with code 137")
+    ]
+    again = _seen(out)
+    assert [s["sum"] for s in again] == [36.0, 36.0]
+    ports = {_coordinator(root, job, 1), _coordinator(root, job, 2)}
+    assert {s["coordinator"] for s in first} == {_coordinator(root, job, 1)}
+    assert {s["coordinator"] for s in again} == {_coordinator(root, job, 2)}
+    assert len(ports) == 2  # each attempt has its own coordinator port
+    control.close()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_slurm_gang_finds_replica_0s_node_and_sums_over_both(slurm_cluster, tmp_path):
+    out, root = tmp_path / "out", tmp_path / "control"
+    backend = SlurmBackend(str(tmp_path / "slurm-logs"), partition=slurm_cluster.partition)
+    control = Controller(root, {"slurm": backend})
+    job = submit(control.database, _probe(out, workdir=str(tmp_path)))
+    status = _run_until(control, job, lambda s: s["state"] in ("succeeded", "failed"))
+    assert status["state"] == "succeeded", (status, slurm_cluster.log_tail())
+    seen = _seen(out)
+    assert [(s["sum"], s["devices"], s["processes"]) for s in seen] == [(36.0, 8, 2)] * 2
+    port = _coordinator(root, job, 1).rsplit(":", 1)[1]
+    host = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
+    assert {s["coordinator"] for s in seen} == {f"{host}:{port}"}  # replica 0's node
+    control.close()
