@@ -133,6 +133,7 @@ class Controller:
         # One write transaction a tick for what the backends said and what the round decided;
         # nothing is launched or cancelled before it commits.
         with state.transaction(self.database):
+            self.launcher.write_handles()  # the last tick's launches, before their news
             report.finished, to_cancel = self._reconcile(changes)
             reported = self._apply_capacities(capacities)
             self._write_tick(reported)
@@ -172,6 +173,7 @@ class Controller:
         return self.database.execute(query).fetchone()[0]
 
     def close(self) -> None:
+        self.launcher.flush()
         for backend in self.backends.values():
             backend.close()
         self.database.close()
@@ -182,11 +184,11 @@ class Controller:
         """Ask the backends about every active attempt (launching again those recorded before
         a crash whose launch was never confirmed); return the attempts' changes as rows for
         `UPDATE attempts`: (state, exit code, reason, ended at, *key)."""
+        for attempt in [a for a in self._attempts.values() if a["handle"] is None]:
+            self._relaunch(attempt)
         by_cluster: dict[str, list[Any]] = {}
-        for attempt in list(self._attempts.values()):
-            if attempt["handle"] is None:
-                self._relaunch(attempt)
-            else:
+        for attempt in self._attempts.values():  # polled: a backend counts what it adopted
+            if attempt["handle"] is not None:
                 by_cluster.setdefault(attempt["cluster"], []).append(attempt)
         changes = []
         now = time.time()

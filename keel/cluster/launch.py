@@ -2,8 +2,9 @@
 
 `record_assignments` writes a round's attempts (state "launching"), job states and events in a
 few statements, inside the controller's transaction, before any backend is asked;
-`Launcher.launch` then asks the backends and records each handle, or the refusal (a refused
-replica fails its gang at once; its unstarted siblings are cancelled).
+`Launcher.launch` then asks the backends; a refusal is recorded at once (a refused replica fails
+its gang; its unstarted siblings are cancelled), the handles in the controller's next transaction
+(a controller killed before that launches the attempts again on restart: backends adopt them).
 """
 
 from __future__ import annotations
@@ -141,12 +142,18 @@ class Launcher:
         self.database = database
         self.backends = backends
         self.tasks_root = tasks_root  # attempts' output: <tasks_root>/<job>/<replica>/<attempt>
+        # Handles of started attempts not written yet: (handle, *key). The controller writes them
+        # in its next transaction (`write_handles`); one killed before that launches those
+        # attempts again on restart, and their backends answer with the tasks they started.
+        self.unrecorded: list[tuple] = []
 
     def launch(self, attempts: list[tuple[dict[str, Any], JobSpec]]) -> dict[str, str]:
         """Start each attempt (dicts as `record_assignments` returns them, updated here as the
-        database is: "handle" and "state"); return the outcome of each job that a backend
-        refused (its unstarted replicas are cancelled in the database)."""
-        started, failed, refused = [], set(), {}
+        database will be: "handle" and "state"); return the outcome of each job that a backend
+        refused. A refusal is recorded at once, with the handles started so far (its job's
+        unstarted replicas are cancelled in the database); other handles wait in `unrecorded`."""
+        failed: set[str] = set()
+        refusals: list[tuple[dict[str, Any], Exception]] = []
         for attempt, spec in attempts:
             if attempt["job_id"] in failed:
                 continue
@@ -157,19 +164,34 @@ class Launcher:
                 handle = backend.launch(self.task(spec, attempt))
             except Exception as error:  # recorded as the job's outcome; the tick goes on
                 logger.warning("launching %s.%s failed: %s", *key(attempt)[:2], error)
-                refused[attempt["job_id"]] = self._refuse(attempt, error)
+                refusals.append((attempt, error))
                 failed.add(attempt["job_id"])
                 continue
-            started.append((handle, *key(attempt)))
+            self.unrecorded.append((handle, *key(attempt)))
             attempt["handle"] = handle
-        with state.transaction(self.database):
-            self.database.executemany(
-                f"UPDATE attempts SET handle = ?, state = 'running' WHERE {KEY}", started
-            )
-        for attempt, _ in attempts:
-            if attempt["handle"] is not None and attempt["state"] == "launching":
+            if attempt["state"] == "launching":
                 attempt["state"] = "running"
+        refused = {}
+        if refusals:
+            with state.transaction(self.database):
+                self.write_handles()
+                for attempt, error in refusals:
+                    refused[attempt["job_id"]] = self._refuse(attempt, error)
         return refused
+
+    def write_handles(self) -> None:
+        """Record the started attempts' handles (inside the caller's transaction)."""
+        if self.unrecorded:
+            self.database.executemany(
+                f"UPDATE attempts SET handle = ?, state = 'running' WHERE {KEY}", self.unrecorded
+            )
+            self.unrecorded = []
+
+    def flush(self) -> None:
+        """Record the handles still unrecorded, in a transaction of their own."""
+        if self.unrecorded:
+            with state.transaction(self.database):
+                self.write_handles()
 
     def abandon(self, attempt: dict[str, Any]) -> None:
         """A recorded attempt that will not be started (its job moved on)."""
@@ -209,23 +231,22 @@ class Launcher:
         )
 
     def _refuse(self, attempt: dict[str, Any], error: Exception) -> str:
-        """Record a refused launch: the attempt failed, its job's unstarted replicas cancelled,
-        the job's outcome; return the outcome."""
+        """Record a refused launch (inside the caller's transaction): the attempt failed, its
+        job's unstarted replicas cancelled, the job's outcome; return the outcome."""
         reason = f"could not start replica {attempt['replica']}: {error}"
         kind = "refused" if isinstance(error, UsageError) else "failed"
         outcome = f"{kind}: {reason}"
-        with state.transaction(self.database):
-            self.database.execute(
-                f"UPDATE attempts SET state = 'failed', reason = ?, ended_at = ? WHERE {KEY}",
-                (reason, time.time(), *key(attempt)),
-            )
-            self.database.execute(
-                "UPDATE attempts SET state = 'cancelled', ended_at = ?, "
-                "reason = ? WHERE job_id = ? AND state = 'launching' AND handle IS NULL",
-                (time.time(), UNSTARTED, attempt["job_id"]),
-            )
-            self.database.execute(
-                "UPDATE jobs SET outcome = ? WHERE id = ?", (outcome, attempt["job_id"])
-            )
+        self.database.execute(
+            f"UPDATE attempts SET state = 'failed', reason = ?, ended_at = ? WHERE {KEY}",
+            (reason, time.time(), *key(attempt)),
+        )
+        self.database.execute(
+            "UPDATE attempts SET state = 'cancelled', ended_at = ?, "
+            "reason = ? WHERE job_id = ? AND state = 'launching' AND handle IS NULL",
+            (time.time(), UNSTARTED, attempt["job_id"]),
+        )
+        self.database.execute(
+            "UPDATE jobs SET outcome = ? WHERE id = ?", (outcome, attempt["job_id"])
+        )
         attempt["state"], attempt["reason"] = "failed", reason
         return outcome

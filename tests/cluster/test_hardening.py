@@ -234,7 +234,8 @@ def test_a_task_started_by_a_controller_killed_before_it_wrote_the_pid_is_adopte
 
 def memory_and_database(control: Controller) -> tuple[dict, dict]:
     """What the controller keeps in memory of its running jobs, their latest attempts and the
-    active attempts, and the same read from the database."""
+    active attempts, and the same read from the database (with the handles it has yet to
+    write)."""
     from keel.cluster.controller import ATTEMPT_COLUMNS, JOB_COLUMNS
 
     database = control.database
@@ -254,6 +255,11 @@ def memory_and_database(control: Controller) -> tuple[dict, dict]:
         f"SELECT {ATTEMPT_COLUMNS} FROM tasks WHERE job_id IN (SELECT id FROM jobs WHERE {running})"
     ):
         latest.setdefault(row["job_id"], {})[row["replica"]] = dict(row)
+    # Handles of the last launches are written in the next tick's transaction (launch.py).
+    for handle, *key in control.launcher.unrecorded:
+        for row in (active.get(tuple(key)), latest.get(key[0], {}).get(key[1])):
+            if row is not None and row["attempt"] == key[2]:
+                row.update(handle=handle, state="running")
     memory = {"jobs": control._running, "active": control._attempts, "latest": control._latest}
     return memory, {"jobs": jobs, "active": active, "latest": latest}
 
