@@ -19,9 +19,9 @@ scripts meet in the gang's directory (`TaskLaunch.gang_dir`, under the controlle
 must be shared like the log directories) before the command starts. Replica 0 writes
 `slurm-coordinator` there (its node's host name and the port the launcher chose in
 KEEL_COORDINATOR), every replica touches `ready-<i>`, and once all N are there (within
-`GANG_START_SECONDS`) each exports KEEL_COORDINATOR from that file and runs the command. A
-replica whose siblings do not start in time exits 2 with one `error:` line, failing the gang;
-the controller retries it as it retries any failed gang.
+`gang_start_s`, 600 s by default) each exports KEEL_COORDINATOR from that file and runs the
+command. A replica whose siblings do not start in time exits 2 with one `error:` line, failing
+the gang; the controller retries it as it retries any failed gang.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 _JOB_ID = re.compile(r"\d+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _IDS_PER_CALL = 200  # job ids per squeue / sacct call, to keep command lines short
-GANG_START_SECONDS = 600  # how long a gang's batch jobs wait for their siblings to start
 
 # fmt: off
 _PENDING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -78,7 +77,8 @@ class SlurmBackend:
     """Runs each task as a Slurm batch job on `partition` (None: the cluster's default one).
 
     `extra_args` go to every sbatch call as they are (e.g. "--time=04:00:00", "--account=lm").
-    `timeout_s` bounds each Slurm command.
+    `timeout_s` bounds each Slurm command; `gang_start_s` is how long the batch jobs of a gang
+    wait for each other to start (see the module docstring).
     """
 
     name = "slurm"
@@ -89,11 +89,13 @@ class SlurmBackend:
         partition: str | None = None,
         extra_args: tuple[str, ...] = (),
         timeout_s: float = 30.0,
+        gang_start_s: float = 600.0,
     ) -> None:
         self.log_root = os.path.abspath(log_root)
         self.partition = partition
         self.extra_args = tuple(extra_args)
         self.timeout_s = timeout_s
+        self.gang_start_s = gang_start_s
         self._gpu_types: dict[str, str] | None = None  # lower-case device type -> Slurm gres type
         self._default = ""  # the cluster's default partition, once asked
 
@@ -111,7 +113,7 @@ class SlurmBackend:
         if adopted:
             return adopted
         private_dir(log_dir)
-        write_private(script, _batch_script(task))  # it holds the job's environment
+        write_private(script, _batch_script(task, self.gang_start_s))  # it holds the job's env
         argv = [
             "sbatch",
             "--parsable",
@@ -406,7 +408,7 @@ def _comment(task: TaskLaunch) -> str:
     return f"keel {task.task_id} attempt {task.attempt}"
 
 
-def _batch_script(task: TaskLaunch) -> str:
+def _batch_script(task: TaskLaunch, gang_start_s: float) -> str:
     """A bash script that sets the task's environment and execs its command."""
     lines = ["#!/bin/bash", f"# keel task {task.task_id}, attempt {task.attempt}"]
     for key, value in task.env.items():
@@ -414,19 +416,19 @@ def _batch_script(task: TaskLaunch) -> str:
             raise UsageError(f"task {task.task_id}: {key!r} is not a valid environment variable")
         lines.append(f"export {key}={shlex.quote(value)}")
     if task.gang_dir:
-        lines += _gang_rendezvous(task)
+        lines += _gang_rendezvous(task, math.ceil(gang_start_s))
     lines.append(f"exec {shlex.join(task.command)}")
     return "\n".join(lines) + "\n"
 
 
-def _gang_rendezvous(task: TaskLaunch) -> list[str]:
-    """Bash lines that wait until every replica of the gang has started and point
-    KEEL_COORDINATOR at replica 0's node (see the module docstring)."""
+def _gang_rendezvous(task: TaskLaunch, seconds: int) -> list[str]:
+    """Bash lines that wait (up to `seconds`) until every replica of the gang has started and
+    point KEEL_COORDINATOR at replica 0's node (see the module docstring)."""
     gang = shlex.quote(task.gang_dir)
     replicas = int(task.env.get("KEEL_REPLICAS", "1"))
     why = (
         f"error: keel task {task.task_id}: not all {replicas} replicas of the gang started "
-        f"within {GANG_START_SECONDS} s (see squeue); the gang fails and keel retries it"
+        f"within {seconds} s (see squeue); the gang fails and keel retries it"
     )
     return [
         f"gang={gang}",
@@ -435,7 +437,7 @@ def _gang_rendezvous(task: TaskLaunch) -> list[str]:
         '  mv "$gang/slurm-coordinator.$$" "$gang/slurm-coordinator"',
         "fi",
         'touch "$gang/ready-$KEEL_REPLICA"',
-        f"deadline=$((SECONDS + {GANG_START_SECONDS}))",
+        f"deadline=$((SECONDS + {seconds}))",
         'until [ -e "$gang/slurm-coordinator" ] && '
         f'[ "$(ls "$gang" | grep -c "^ready-")" -ge {replicas} ]; do',
         f"  if [ $SECONDS -ge $deadline ]; then echo {shlex.quote(why)} >&2; exit 2; fi",

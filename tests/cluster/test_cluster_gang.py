@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from keel.cluster.backend import TaskLaunch, TaskState
 from keel.cluster.controller import Controller
 from keel.cluster.local import LocalBackend
 from keel.cluster.slurm import SlurmBackend
@@ -24,6 +26,7 @@ from keel.cluster.state import job_status, submit
 PROBE = str(Path(__file__).parents[1] / "train" / "gang_probe.py")
 FOUR_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 KEEL = [sys.executable, "-m", "keel"]
+ENDED = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.LOST, TaskState.CANCELLED}
 
 
 def _probe(out: Path, *options: str, **changes) -> JobSpec:
@@ -101,9 +104,11 @@ def test_a_member_killed_mid_run_fails_the_gang_and_the_retry_succeeds_on_a_fres
     events = control.database.execute(
         "SELECT kind, detail FROM events WHERE job_id = ? AND kind = 'requeued'", (job,)
     ).fetchall()
-    assert [tuple(e) for e in events] == [
-        ("requeued", "retry 1 of 1 after: replica 1: exited with code 137")
-    ]
+    # One line says why: the killed member, or the survivor if its collective broke first.
+    assert len(events) == 1 and re.fullmatch(
+        r"retry 1 of 1 after: replica (1: exited with code 137|0: exited with code \d+)",
+        events[0]["detail"],
+    ), [tuple(e) for e in events]
     again = _seen(out)
     assert [s["sum"] for s in again] == [36.0, 36.0]
     ports = {_coordinator(root, job, 1), _coordinator(root, job, 2)}
@@ -128,3 +133,53 @@ def test_a_slurm_gang_finds_replica_0s_node_and_sums_over_both(slurm_cluster, tm
     host = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
     assert {s["coordinator"] for s in seen} == {f"{host}:{port}"}  # replica 0's node
     control.close()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_slurm_gang_whose_member_is_killed_is_retried_as_a_unit(slurm_cluster, tmp_path):
+    out, root = tmp_path / "out", tmp_path / "control"
+    backend = SlurmBackend(str(tmp_path / "slurm-logs"), partition=slurm_cluster.partition)
+    control = Controller(root, {"slurm": backend})
+    sleep = ("--sleep", "300", "--sleep-once", str(tmp_path / "slept"))
+    job = submit(control.database, _probe(out, *sleep, max_retries=1, workdir=str(tmp_path)))
+    _run_until(control, job, lambda _: (out / "0.json").exists() and (out / "1.json").exists())
+    first = _seen(out)
+    for path in out.iterdir():
+        path.unlink()
+    os.kill(first[1]["pid"], signal.SIGKILL)
+    status = _run_until(control, job, lambda s: s["state"] in ("succeeded", "failed"))
+    assert status["state"] == "succeeded" and status["failures"] == 1, status
+    detail = control.database.execute(
+        "SELECT detail FROM events WHERE job_id = ? AND kind = 'requeued'", (job,)
+    ).fetchall()
+    assert len(detail) == 1 and re.fullmatch(
+        r"retry 1 of 1 after: replica (1: killed by signal 9|0: .+)", detail[0][0]
+    ), [tuple(row) for row in detail]
+    assert [s["sum"] for s in _seen(out)] == [36.0, 36.0]
+    assert _coordinator(root, job, 1) != _coordinator(root, job, 2)
+    control.close()
+
+
+@pytest.mark.slurm
+def test_a_slurm_replica_whose_siblings_never_start_fails_in_one_line(slurm_cluster, tmp_path):
+    """Replica 0 of a gang of 2 alone: its batch script gives up waiting after gang_start_s."""
+    backend = SlurmBackend(
+        str(tmp_path / "logs"), partition=slurm_cluster.partition, gang_start_s=2
+    )
+    gang_dir = tmp_path / "gang"
+    gang_dir.mkdir()
+    env = {"KEEL_REPLICA": "0", "KEEL_REPLICAS": "2", "KEEL_COORDINATOR": "127.0.0.1:12345"}
+    task = TaskLaunch("j-1.0", 1, ("true",), env=env, gang_dir=str(gang_dir))
+    handle = backend.launch(task)
+    deadline = time.monotonic() + 60
+    while (status := backend.poll([handle])[handle]).state not in ENDED:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.3)
+    assert status.state == TaskState.FAILED and status.exit_code == 2
+    stderr = Path(backend.log_files(handle)[1]).read_text().strip().splitlines()
+    assert stderr == [
+        "error: keel task j-1.0: not all 2 replicas of the gang started within 2 s (see squeue); "
+        "the gang fails and keel retries it"
+    ]
+    assert (gang_dir / "slurm-coordinator").read_text().strip().endswith(":12345")
