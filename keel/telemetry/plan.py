@@ -20,9 +20,10 @@ import duckdb
 import orjson
 import pyarrow as pa
 
-from keel.telemetry import times
+from keel.telemetry import sqltree, times
 from keel.telemetry.schema import TelemetryQueryError
 from keel.telemetry.sidecar import Equals, Like, Predicate, TimeRange
+from keel.telemetry.sqltree import walk
 
 _COMPARISONS = {
     "COMPARE_EQUAL": "=",
@@ -32,7 +33,6 @@ _COMPARISONS = {
     "COMPARE_LESSTHANOREQUALTO": "<=",
 }
 _FLIPPED = {"=": "=", ">": "<", ">=": "<=", "<": ">", "<=": ">="}
-_CONSTANT_FUNCTIONS = {"to_timestamp", "make_timestamp", "epoch_ms", "strptime", "concat"}
 _SLACK_US = 1  # time bounds are widened by 1 us: a constant finer than that never drops a row
 COUNT_COLUMN = "__keel_count"
 COUNTS_TABLE = "__keel_counts"
@@ -107,7 +107,7 @@ def plan_query(
     node = tree["statements"][0]["node"]
     names = {
         n["table_name"]
-        for n in _walk(node)
+        for n in walk(node)
         if n.get("type") == "BASE_TABLE" and not n.get("schema_name")
     }
     tables = {name: TableScan(name) for name in sorted(names & set(schemas))}
@@ -115,7 +115,7 @@ def plan_query(
         return QueryPlan(tables)
     referenced: set[str] = set()
     star = False
-    for item in _walk(node):
+    for item in walk(node):
         if item.get("class") == "COLUMN_REF":
             referenced.update(item["column_names"])
         elif item.get("class") == "STAR":
@@ -126,9 +126,7 @@ def plan_query(
     single = _single_table(node)
     if (
         sum(
-            1
-            for n in _walk(node)
-            if n.get("type") == "BASE_TABLE" and n.get("table_name") == single
+            1 for n in walk(node) if n.get("type") == "BASE_TABLE" and n.get("table_name") == single
         )
         > 1
     ):
@@ -143,18 +141,6 @@ def plan_query(
                 scan.predicates.append(predicate)
     count = _count_plan(connection, tree, node, single, schemas) if single in tables else None
     return QueryPlan(tables, count)
-
-
-def _walk(node: Any):
-    """Every dict in the tree, parents first (a stack, not recursion: trees can be deep)."""
-    stack = [node]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            yield item
-            stack.extend(reversed(list(item.values())))
-        elif isinstance(item, list):
-            stack.extend(reversed(item))
 
 
 def _single_table(node: dict[str, Any]) -> str | None:
@@ -190,37 +176,6 @@ def _column(expression: dict[str, Any], schema: pa.Schema, node: dict[str, Any])
     return parts[-1]
 
 
-def _is_constant(expression: dict[str, Any]) -> bool:
-    for item in _walk(expression):
-        kind = item.get("class")
-        if kind in ("COLUMN_REF", "SUBQUERY", "STAR", "WINDOW", "PARAMETER", "LAMBDA"):
-            return False
-        if kind == "FUNCTION" and not (
-            item.get("is_operator") or item.get("function_name") in _CONSTANT_FUNCTIONS
-        ):
-            return False
-    return True
-
-
-def _constant_text(sql: str, expression: dict[str, Any]) -> str | None:
-    start, length = expression.get("query_location"), expression.get("query_location_length", 0)
-    if start is None or start >= 2**63 or not length or not _is_constant(expression):
-        return None
-    try:
-        return sql.encode("utf-8")[start : start + length].decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def _evaluate(connection: duckdb.DuckDBPyConnection, text: str, cast: str | None = None) -> Any:
-    """The constant `text`'s value (with `cast`: as epoch microseconds; None if it fails)."""
-    expression = f"({text})" if cast is None else f"epoch_us(CAST(({text}) AS {cast}))"
-    try:
-        return connection.execute(f"SELECT {expression}").fetchall()[0][0]
-    except duckdb.Error:
-        return None
-
-
 def _typed(value: Any, kind: pa.DataType) -> Any:
     """`value` if an index lookup of it in a column of `kind` means what DuckDB's `=` means."""
     if pa.types.is_string(kind) and isinstance(value, str):
@@ -250,14 +205,11 @@ def _predicate(
             operator = _FLIPPED[operator]
         if column is None:
             return None
-        text = _constant_text(sql, other)
-        if text is None:
-            return None
         if column == time_column:
-            return _time_range(connection, schema, column, operator, text)
+            return _time_range(connection, sql, schema, column, operator, other)
         if operator != "=":
             return None
-        value = _typed(_evaluate(connection, text), schema.field(column).type)
+        value = _typed(sqltree.value(connection, sql, other), schema.field(column).type)
         return Equals(column, (value,)) if value is not None else None
     if kind == "COMPARE_IN":
         column = _column(expression["children"][0], schema, node)
@@ -265,23 +217,16 @@ def _predicate(
             return None
         values = []
         for child in expression["children"][1:]:
-            text = _constant_text(sql, child)
-            value = (
-                None
-                if text is None
-                else _typed(_evaluate(connection, text), schema.field(column).type)
-            )
+            value = _typed(sqltree.value(connection, sql, child), schema.field(column).type)
             if value is None:
                 return None
             values.append(value)
         return Equals(column, tuple(values))
     if kind == "COMPARE_BETWEEN" and _column(expression["input"], schema, node) == time_column:
-        low_text = _constant_text(sql, expression["lower"])
-        high_text = _constant_text(sql, expression["upper"])
-        if time_column is None or low_text is None or high_text is None:
+        if time_column is None:
             return None
-        low = _time_range(connection, schema, time_column, ">=", low_text)
-        high = _time_range(connection, schema, time_column, "<=", high_text)
+        low = _time_range(connection, sql, schema, time_column, ">=", expression["lower"])
+        high = _time_range(connection, sql, schema, time_column, "<=", expression["upper"])
         if low is None or high is None:
             return None
         return TimeRange(time_column, low.unit, low=low.low, high=high.high)
@@ -312,13 +257,18 @@ def _pattern(expression: dict[str, Any], schema: pa.Schema, node: dict[str, Any]
 
 
 def _time_range(
-    connection: duckdb.DuckDBPyConnection, schema: pa.Schema, column: str, operator: str, text: str
+    connection: duckdb.DuckDBPyConnection,
+    sql: str,
+    schema: pa.Schema,
+    column: str,
+    operator: str,
+    constant: dict[str, Any],
 ) -> TimeRange | None:
-    """The comparison `column <operator> text` as a TimeRange in the column's unit, widened
-    outwards (never narrower than DuckDB's answer), or None if `text` is not a time constant."""
+    """The comparison `column <operator> constant` as a TimeRange in the column's unit, widened
+    outwards (never narrower than DuckDB's answer), or None if it is not a time constant."""
     kind = schema.field(column).type
-    value = _evaluate(connection, text, "TIMESTAMPTZ" if kind.tz else "TIMESTAMP")
-    if not isinstance(value, int):
+    value = sqltree.epoch_us(connection, sql, constant, with_zone=kind.tz is not None)
+    if value is None:
         return None
     low_us = value - _SLACK_US if operator in (">", ">=", "=") else None
     high_us = value + _SLACK_US if operator in ("<", "<=", "=") else None

@@ -2,11 +2,11 @@
 
 Rows are kept in arrival order across spans of 262,144 rows and grouped by a key column (a job id)
 then time inside each span: one key's rows of a span land in one or two row groups (16,384 rows by
-default), which lets postings skip the rest, while each row group still covers a short stretch of
-time, which lets time ranges skip row groups and not only whole segments. A segment is written
+default), which lets postings skip the rest. Time ranges skip whole spans, not single row groups:
+every row group of a span covers the span's stretch of time. Columns are encoded as
+keel/telemetry/encoding.py chooses (dictionaries only where values repeat). A segment is written
 under a temporary name, fsynced and renamed; it becomes visible only when the manifest names it.
-Its checksum (xxh3-64 of the file) ties it to its sidecar index.
-"""
+Its checksum (xxh3-64 of the file) ties it to its sidecar index."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import xxhash
 
 from keel.core import paths
 from keel.telemetry import times
+from keel.telemetry.encoding import choose_encodings
 from keel.telemetry.manifest import SegmentEntry
 from keel.telemetry.schema import NamespaceOptions
 from keel.telemetry.sidecar import SegmentIndex, build_index, save_index
@@ -58,8 +59,8 @@ def cluster_order(table: pa.Table, keys: list[str], span_rows: int) -> np.ndarra
     """Row order that keeps arrival order across spans of `span_rows` rows and, inside each
     span, groups equal values of keys[0], then keys[1]... (int64 [rows]).
 
-    The spans keep time ranges narrow per row group (rows arrive in time order), the grouping
-    puts one key's rows of a span into one or two row groups.
+    The spans keep each row group's time range to a span's (rows arrive in time order), the
+    grouping puts one key's rows of a span into one or two row groups.
 
     Strings are grouped by their dictionary codes (order of first appearance), not sorted
     alphabetically: clustering needs equal keys together, and integer sorts are several times
@@ -96,12 +97,15 @@ def write_segment(
             table = table.take(cluster_order(table, keys, CLUSTER_SPAN_ROWS))
     final = segment_path(directory, name)
     temporary = directory / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+    encodings = choose_encodings(table, row_group_rows)
     pq.write_table(
         table,
         temporary,
         compression=COMPRESSION,
         row_group_size=row_group_rows,
         write_statistics=True,
+        use_dictionary=encodings.dictionary,
+        column_encoding=encodings.column_encoding or None,
     )
     with open(temporary, "rb+") as handle:
         checksum = f"{xxhash.xxh3_64_intdigest(handle.read()):016x}"
