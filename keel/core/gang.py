@@ -10,13 +10,16 @@ the environment a keel launcher gives the members of a gang:
 Process 0's stdout and stderr pass through as they are; the others' lines are prefixed with
 "[process i] " so interleaved output stays readable. When a member exits non-zero the others are
 stopped (SIGTERM, then SIGKILL after `STOP_GRACE_SECONDS`) and its exit code is returned: one dead
-member fails the whole gang, as on a cluster. Ctrl-C (or SIGTERM to this process) stops them all.
+member fails the whole gang, as on a cluster. Ctrl-C or SIGTERM to this process stops them all.
+The members stay in this process's process group, so whoever stops the group (a terminal's
+Ctrl-C, keel's local backend cancelling a job, a SIGKILL of the group) stops them too.
 
 This module imports no JAX; keel/train/distributed.py reads the environment set here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -25,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import BinaryIO
 
 from keel.core.errors import UsageError
@@ -74,7 +77,6 @@ def run_local_gang(
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                start_new_session=True,  # stopped as a group, and Ctrl-C reaches them through us
             )
             members.append(member)
             prefix = b"" if replica == 0 else f"[process {replica}] ".encode()
@@ -83,11 +85,12 @@ def run_local_gang(
                 pump.start()
                 pumps.append(pump)
         logger.info("gang of %d processes, coordinator %s", processes, coordinator)
-        code = _wait_for_gang(members)
+        with _sigterm_as_exit():
+            code = _wait_for_gang(members)
     except FileNotFoundError as error:
         _stop(members)
         raise UsageError(f"cannot start {argv[0]}: {error.strerror}") from None
-    except BaseException:  # KeyboardInterrupt, SystemExit from a signal handler: stop them all
+    except BaseException:  # KeyboardInterrupt, SystemExit from SIGTERM: stop them all
         _stop(members)
         raise
     for pump in pumps:
@@ -120,22 +123,35 @@ def _wait_for_gang(members: list[subprocess.Popen[bytes]]) -> int:
 
 
 def _stop(members: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every member's process group, SIGKILL what is left after the grace period."""
+    """SIGTERM every member still running, SIGKILL what is left after the grace period."""
     for member in members:
-        _signal_group(member, signal.SIGTERM)
+        if member.poll() is None:
+            member.terminate()
     deadline = time.monotonic() + STOP_GRACE_SECONDS
     while any(m.poll() is None for m in members) and time.monotonic() < deadline:
         time.sleep(_POLL_SECONDS)
     for member in members:
-        _signal_group(member, signal.SIGKILL)
+        if member.poll() is None:
+            member.kill()
         member.wait()
 
 
-def _signal_group(member: subprocess.Popen[bytes], number: int) -> None:
-    try:
-        os.killpg(member.pid, number)
-    except ProcessLookupError:  # the group is gone
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """While the gang runs, SIGTERM to this process raises SystemExit(143) (Python's default
+    would end it at once, leaving the members running); only the main thread can set it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
+
+    def _exit(number: int, frame: object) -> None:
+        raise SystemExit(128 + number)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _forward(source: BinaryIO, target, prefix: bytes) -> None:

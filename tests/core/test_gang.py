@@ -95,7 +95,16 @@ def test_output_of_process_0_passes_through_and_the_others_are_prefixed(capfd):
     assert sorted(err.splitlines()) == ["[process 1] warning from 1", "warning from 0"]
 
 
-def test_ctrl_c_stops_every_member(tmp_path):
+@pytest.mark.parametrize(
+    ("number", "to_group", "says"),
+    [
+        (signal.SIGINT, False, b"KeyboardInterrupt"),
+        (signal.SIGTERM, False, b""),
+        # keel's local backend stops a job's process group: the members are in it
+        (signal.SIGKILL, True, b""),
+    ],
+)
+def test_ctrl_c_sigterm_or_a_killed_group_stops_every_member(tmp_path, number, to_group, says):
     member = _member(
         f"""
         import os, time
@@ -111,17 +120,23 @@ def test_ctrl_c_stops_every_member(tmp_path):
             f"import sys; from keel.core.gang import run_local_gang; run_local_gang({member!r}, 2)",
         ],
         stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     pids = [tmp_path / "pid-0", tmp_path / "pid-1"]
     deadline = time.monotonic() + 30
     while not all(p.exists() and p.read_text() for p in pids):
         assert time.monotonic() < deadline, "the gang did not start"
         time.sleep(0.05)
-    runner.send_signal(signal.SIGINT)
+    if to_group:
+        os.killpg(runner.pid, number)
+    else:
+        runner.send_signal(number)  # to the runner only: it stops the members itself
     _, err = runner.communicate(timeout=30)
-    assert runner.returncode != 0 and b"KeyboardInterrupt" in err
-    for pid in pids:
-        assert not process_alive(int(pid.read_text()))
+    assert runner.returncode != 0 and says in err
+    deadline = time.monotonic() + 10
+    while any(process_alive(int(pid.read_text())) for pid in pids):
+        assert time.monotonic() < deadline, "a member outlived its gang"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("processes", [0, -1, True, 1.5])
