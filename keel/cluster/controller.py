@@ -114,6 +114,7 @@ class Controller:
         self._seen_seq = -1  # jobs up to this submission number are in self._jobs
         self._seen_event = 0  # cancellations up to this event id are applied to the queue
         self._reasons: dict[str, str] = {}
+        self._untried: set[str] = set()  # queued jobs submitted since the start: no attempts yet
         self._totals: dict[str, dict[str, float]] = {}
         # Jobs that left a cluster since its last capacity report: their capacity is coming back
         # (the scheduler counts it when planning preemptions, never when assigning).
@@ -303,7 +304,9 @@ class Controller:
                 job["id"],
             )
         )
-        self._events.append((now, job["id"], "requeued" if final == "pending" else final, reason))
+        if final != "succeeded":  # a success is its job's row (state.job_events reads it)
+            kind = "requeued" if final == "pending" else final
+            self._events.append((now, job["id"], kind, reason))
         self._running.pop(job["id"], None)
         self._latest.pop(job["id"], None)
         row = self._rows.pop(job["id"], None) if final != "pending" else self._rows[job["id"]]
@@ -318,6 +321,7 @@ class Controller:
             )
         self._queue.remove(job["id"])
         self._reasons.pop(job["id"], None)
+        self._untried.discard(job["id"])
         if final == "pending":
             self._requeued.append(job["id"])
         info = self._jobs.get(job["id"]) if final == "pending" else self._jobs.pop(job["id"], None)
@@ -400,7 +404,8 @@ class Controller:
         job still active) and queue the pending ones; drop from the queue the jobs other
         processes cancelled since (their "cancelled" events). A tick never re-reads the specs,
         or the ids, of the whole queue."""
-        if self._seen_seq < 0:
+        first = self._seen_seq < 0
+        if first:
             with state.transaction(self.database):  # one snapshot for the reads
                 rows = self.database.execute(
                     f"SELECT {JOB_COLUMNS}, seq, spec FROM jobs "
@@ -431,25 +436,30 @@ class Controller:
             for job_id in (cancel_requests or "").split():
                 if job_id in self._running:
                     self._running[job_id]["cancel_requested"] = 1
-        for row in rows:
-            if row["state"] not in ("pending", "running", "preempted"):
+        width = len(JOB_KEYS)
+        for row in rows:  # JOB_COLUMNS, seq, spec
+            job_id, job_state = row[0], row[1]
+            if job_state not in ("pending", "running", "preempted"):
                 continue  # ended already (cancelled before this controller saw it)
-            spec = state.decode_stored_spec(row["spec"])
+            spec = state.decode_stored_spec(row[width + 1])
             job = PendingJob(
-                row["id"], spec.priority, row["seq"], spec.demand(), spec.region, spec.cluster
+                job_id, spec.priority, row[width], spec.demand(), spec.region, spec.cluster
             )
-            self._jobs[row["id"]] = JobInfo(spec, job)
-            self._rows[row["id"]] = {column: row[column] for column in JOB_KEYS}
-            if row["state"] == "pending":
+            self._jobs[job_id] = JobInfo(spec, job)
+            self._rows[job_id] = dict(zip(JOB_KEYS, row[:width], strict=True))
+            if job_state == "pending":
                 self._queue.add(job)
+                if not first:
+                    self._untried.add(job_id)
             else:
-                self._running[row["id"]] = self._rows[row["id"]]
+                self._running[job_id] = self._rows[job_id]
         for job_id in (cancelled or "").split():
             if job_id in self._queue:
                 self._queue.remove(job_id)
                 self._jobs.pop(job_id, None)
                 self._rows.pop(job_id, None)
                 self._reasons.pop(job_id, None)
+                self._untried.discard(job_id)
 
     def _load_attempts(self) -> None:
         """At start: every active attempt, and the latest attempt of each replica of the running
@@ -571,7 +581,8 @@ class Controller:
                 self._attempts.pop(key(attempt), None)
 
     def _record_assignments(self, assignments: list[tuple[str, str]]) -> list[tuple[Any, JobSpec]]:
-        launches, taken = record_assignments(self.database, assignments, self._jobs, self.home)
+        launches, taken = record_assignments(self.database, assignments, self._jobs, self._untried)
+        self._untried.difference_update(job_id for job_id, _ in assignments)
         for attempt, _ in launches:
             self._attempts[key(attempt)] = attempt
             self._latest.setdefault(attempt["job_id"], {})[attempt["replica"]] = attempt

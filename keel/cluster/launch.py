@@ -1,6 +1,6 @@
 """Starting the attempts a scheduling round decided: recorded first, then launched.
 
-`record_assignments` writes a round's attempts (state "launching"), job states and events in a
+`record_assignments` writes a round's attempts (state "launching") and job states in a
 few statements, inside the controller's transaction, before any backend is asked;
 `Launcher.launch` then asks the backends; a refusal is recorded at once (a refused replica fails
 its gang; its unstarted siblings are cancelled), the handles in the controller's next transaction
@@ -13,7 +13,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,11 +47,12 @@ def record_assignments(
     database: sqlite3.Connection,
     assignments: list[tuple[str, str]],
     jobs: Mapping[str, JobInfo],
-    home: str | None,
+    untried: Container[str] = (),
 ) -> tuple[list[tuple[dict[str, Any], JobSpec]], list[tuple[str, str]]]:
-    """Write down the round's new attempts, job states and events (the caller
+    """Write down the round's new attempts and job states (the caller
     holds the write transaction); return the attempts to launch with their specs, and the
-    assignments that were taken (a job still pending when the transaction began).
+    assignments that were taken (a job still pending when the transaction began). Jobs in
+    `untried` have no attempts yet (their first is number 1 without asking the database).
 
     Each job is re-checked inside the transaction: one that is no longer pending (cancelled by
     a job command, or assigned by another controller) is left alone, so no job is ever
@@ -76,7 +77,7 @@ def record_assignments(
             database,
             "SELECT job_id, replica, max(attempt) FROM attempts "
             "WHERE job_id IN ({ids}) GROUP BY job_id, replica",
-            [job_id for job_id, _ in assignments],
+            [job_id for job_id, _ in assignments if job_id not in untried],
         )
     }
     now = time.time()
@@ -108,13 +109,7 @@ def record_assignments(
     ).rowcount
     if taken != len(assignments):  # the checks above ran in this transaction: cannot happen
         raise RuntimeError(f"assigned {taken} of {len(assignments)} jobs checked pending")
-    database.executemany(
-        "INSERT INTO events (at, job_id, kind, detail) VALUES (?, ?, 'assigned', ?)",
-        [
-            (now, job_id, cluster if cluster == home else f"{cluster} (routed to a peer)")
-            for job_id, cluster in assignments
-        ],
-    )
+    # No "assigned" event: the attempts' rows say it (state.job_events reads them as one).
     return launches, assignments
 
 

@@ -14,7 +14,7 @@ import pytest
 from keel.cluster.controller import Controller
 from keel.cluster.local import LocalBackend
 from keel.cluster.spec import JobSpec, Priority, Resources, entry_point_command
-from keel.cluster.state import job_status, submit
+from keel.cluster.state import job_events, job_status, submit
 from keel.core.errors import UsageError
 from keel.telemetry import TelemetryStore
 
@@ -179,3 +179,21 @@ def test_task_output_streams_to_telemetry_and_the_local_pool_follows_the_queue(t
         for row in control.database.execute("SELECT detail FROM events WHERE kind = 'scaled'")
     ]
     assert "local: 2 -> 1 cpus" in scaled and "local: 1 -> 2 cpus" in scaled
+
+
+def test_a_jobs_events_tell_its_story_in_order(tmp_path):
+    """Assignments and successes are read from the attempts' and jobs' rows (not written twice
+    as events); the job_events view puts them with the other events, oldest first."""
+    control = controller(tmp_path)
+    flaky = submit(
+        control.database,
+        shell(f"test -e {tmp_path}/again || (touch {tmp_path}/again; exit 3)", max_retries=1),
+    )
+    run_until(control, lambda: states(control, flaky) == ["succeeded"])
+    events = job_events(control.database, flaky)
+    kinds = [event["kind"] for event in events]
+    assert kinds == ["submitted", "assigned", "requeued", "assigned", "succeeded"]
+    assert events[1]["detail"] == "local" and "exited with code 3" in events[2]["detail"]
+    assert [event["at"] for event in events] == sorted(event["at"] for event in events)
+    kinds = control.database.execute("SELECT DISTINCT kind FROM events").fetchall()
+    assert not {"assigned", "succeeded"} & {row[0] for row in kinds}

@@ -84,7 +84,7 @@ def test_assignment_takes_only_jobs_still_pending_inside_its_transaction(tmp_pat
     with state.transaction(database):  # another controller took it first
         database.execute("UPDATE jobs SET state = 'running' WHERE id = ?", (ids[2],))
     with state.transaction(database):
-        launches, taken = record_assignments(database, [(i, "local") for i in ids], jobs, None)
+        launches, taken = record_assignments(database, [(i, "local") for i in ids], jobs)
     assert taken == [(ids[0], "local")] and [a["job_id"] for a, _ in launches] == [ids[0]]
     states = dict(database.execute("SELECT id, state FROM jobs").fetchall())
     assert states == {ids[0]: "running", ids[1]: "cancelled", ids[2]: "running"}
