@@ -5,16 +5,19 @@
     controller.tick()          # or controller.run() until stopped
 
 One tick:
-1. reconcile: poll every active attempt on its backend; a gang whose replicas all succeeded
-   succeeds; a failed or lost replica stops the rest of its gang, then keel.cluster.outcome decides
-   (retry, requeue, fail with the reason); a cancel request stops the gang.
-2. capacity: every `report_every` ticks (and on the first tick after a start) each backend reports
-   its free capacity into the reservation ledger (keel.cluster.ledger).
-3. schedule: keel.cluster.scheduler.schedule over pending jobs, running jobs and the ledger's view.
-   The round's attempts are recorded in one transaction before any backend is asked to launch
-   them; preemptions are cancelled, rejections failed with their reason.
-4. autoscale: backends with `scale_to` (the local pool) are sized to the work running and queued.
-5. logs: new task output goes to the telemetry namespace cluster.task_log when configured.
+1. read: the jobs submitted and cancelled since the last tick (keel.cluster.feed).
+2. poll: every active attempt on its backend; then, every `report_every` ticks (and on the first
+   after a start), each backend's capacity (taken after the poll: what ended is free in it).
+3. one write transaction: the handles of the last tick's launches; the attempts' news; jobs moved
+   on (a gang whose replicas all succeeded succeeds; a failed or lost replica stops the rest of
+   its gang, then keel.cluster.outcome decides: retry, requeue, fail with the reason; a cancel
+   request stops the gang); the capacity reports into the reservation ledger
+   (keel.cluster.ledger) and the tick number; the scheduling round (keel.cluster.scheduler over
+   pending jobs, running jobs and the ledger's view): its attempts recorded (state "launching")
+   before any backend is asked, preemptions and rejections with their reasons.
+4. after the commit: stopped gangs cancelled, the round launched, preempted work cancelled.
+5. autoscale: backends with `scale_to` (the local pool) are sized to the work running and queued.
+6. logs: new task output goes to the telemetry namespace cluster.task_log when configured.
 All state is in SQLite (keel.cluster.state), so a controller killed at any point resumes: it
 re-polls the attempts it had, adopts the ones still running and never launches one twice. Job
 specs never change, so each is parsed once and kept with its demand, and the pending queue is kept
@@ -24,11 +27,15 @@ cancellations for what other processes submit or cancel. So are the running jobs
 replicas' latest attempts and the active attempts: only this controller writes those rows (one
 controller per root, keel.cluster.lock); the one thing another process changes on them, a
 cancel request, arrives as a "cancel requested" event. Memory is updated with the database, in
-the same transaction, and nothing is launched, cancelled or reported before that commits; a
-tick commits three times: the reconciled attempts and jobs, the capacity reports with the tick
-number and the scheduling round's attempts (recorded before any launch), then the launched
-attempts' handles. Assignment re-checks inside its transaction that each job is still pending
-(keel.cluster.launch), so no job starts twice.
+the same transaction, and nothing is launched or cancelled before that commits.
+
+Durability: one commit a tick. The state database runs in WAL mode with synchronous=NORMAL
+(keel.cluster.state): a commit survives the controller's process being killed at any point; a
+power loss or OS crash may lose the last commits (not promised). A launched attempt's handle is
+written in the next tick's transaction: a controller killed before then finds the attempt
+without one on restart and launches it again, which its backend answers with the task it already
+started (as it does for a controller killed mid-launch). Assignment re-checks inside the
+transaction that each job is still pending (keel.cluster.launch), so no job starts twice.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import orjson
 
 from keel.cluster import state
 from keel.cluster.backend import Capacity, ScaleGroup, TaskBackend, TaskState
+from keel.cluster.feed import JobFeed
 from keel.cluster.launch import KEY, UNSTARTED, JobInfo, Launcher, key, record_assignments
 from keel.cluster.ledger import CapacityLedger
 from keel.cluster.logs import LogStreamer
@@ -57,12 +65,6 @@ from keel.core.errors import KeelError
 logger = logging.getLogger(__name__)
 FINAL_ATTEMPT_STATES = {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.LOST, TaskState.CANCELLED}
 ACTIVE = state.ACTIVE_ATTEMPT_STATES
-# What reconciling reads of a job (not its spec: the controller has it parsed already).
-JOB_COLUMNS = "id, state, cluster, outcome, cancel_requested, failures, preemptions"
-JOB_KEYS = JOB_COLUMNS.split(", ")
-# What the controller keeps of an attempt.
-ATTEMPT_COLUMNS = "job_id, replica, attempt, cluster, handle, state, reason"
-ATTEMPT_KEYS = ATTEMPT_COLUMNS.split(", ")
 
 
 @dataclass
@@ -111,14 +113,13 @@ class Controller:
         self._ends: list[tuple] = []  # job transitions and events of the current transaction
         self._events: list[tuple] = []
         self._requeued: list[str] = []  # jobs back in the queue once the transaction commits
-        self._seen_seq = -1  # jobs up to this submission number are in self._jobs
-        self._seen_event = 0  # cancellations up to this event id are applied to the queue
         self._reasons: dict[str, str] = {}
         self._untried: set[str] = set()  # queued jobs submitted since the start: no attempts yet
         self._totals: dict[str, dict[str, float]] = {}
         # Jobs that left a cluster since its last capacity report: their capacity is coming back
         # (the scheduler counts it when planning preemptions, never when assigning).
         self._leaving: dict[str, list[RunningJob]] = {name: [] for name in self.backends}
+        self.feed = JobFeed(self.database)
         self.logs = LogStreamer(self.database, self.backends, telemetry)
         self.launcher = Launcher(self.database, self.backends, str(self.root / "tasks"))
 
@@ -400,87 +401,32 @@ class Controller:
         return reported
 
     def _load_new(self) -> None:
-        """Parse the specs of jobs submitted since the last call (at the first call: of every
-        job still active) and queue the pending ones; drop from the queue the jobs other
-        processes cancelled since (their "cancelled" events). A tick never re-reads the specs,
-        or the ids, of the whole queue."""
-        first = self._seen_seq < 0
-        if first:
-            with state.transaction(self.database):  # one snapshot for the reads
-                rows = self.database.execute(
-                    f"SELECT {JOB_COLUMNS}, seq, spec FROM jobs "
-                    "WHERE state IN ('pending', 'running', 'preempted') ORDER BY seq"
-                ).fetchall()
-                self._load_attempts()
-                self._seen_seq = self.database.execute(
-                    "SELECT coalesce(max(seq), 0) FROM jobs"
-                ).fetchone()[0]
-                self._seen_event = self.database.execute(
-                    "SELECT coalesce(max(id), 0) FROM events"
-                ).fetchone()[0]
-            cancelled = ""
-        else:
-            rows = self.database.execute(
-                f"SELECT {JOB_COLUMNS}, seq, spec FROM jobs WHERE seq > ? ORDER BY seq",
-                (self._seen_seq,),
-            ).fetchall()
-            if rows:
-                self._seen_seq = rows[-1]["seq"]
-            last, cancelled, cancel_requests = self.database.execute(  # one statement
-                "SELECT max(id), group_concat(CASE WHEN kind = 'cancelled' THEN job_id END, ' '), "
-                "group_concat(CASE WHEN kind = 'cancel requested' THEN job_id END, ' ') "
-                "FROM events WHERE id > ?",
-                (self._seen_event,),
-            ).fetchone()
-            self._seen_event = last or self._seen_event
-            for job_id in (cancel_requests or "").split():
-                if job_id in self._running:
-                    self._running[job_id]["cancel_requested"] = 1
-        width = len(JOB_KEYS)
-        for row in rows:  # JOB_COLUMNS, seq, spec
-            job_id, job_state = row[0], row[1]
-            if job_state not in ("pending", "running", "preempted"):
-                continue  # ended already (cancelled before this controller saw it)
-            spec = state.decode_stored_spec(row[width + 1])
-            job = PendingJob(
-                job_id, spec.priority, row[width], spec.demand(), spec.region, spec.cluster
-            )
-            self._jobs[job_id] = JobInfo(spec, job)
-            self._rows[job_id] = dict(zip(JOB_KEYS, row[:width], strict=True))
-            if job_state == "pending":
-                self._queue.add(job)
-                if not first:
+        """Take in what job commands wrote since the last call (keel.cluster.feed): new jobs,
+        queued or (at start) running with their attempts; cancellations, which leave the queue;
+        cancel requests, which the next reconcile acts on."""
+        news = self.feed.read()
+        if news.first:
+            self._attempts, self._latest = news.attempts, news.latest
+        for job_id in news.cancel_requested:
+            if job_id in self._running:
+                self._running[job_id]["cancel_requested"] = 1
+        for row, info in news.jobs:
+            job_id = row["id"]
+            self._jobs[job_id] = info
+            self._rows[job_id] = row
+            if row["state"] == "pending":
+                self._queue.add(info.pending)
+                if not news.first:
                     self._untried.add(job_id)
             else:
-                self._running[job_id] = self._rows[job_id]
-        for job_id in (cancelled or "").split():
+                self._running[job_id] = row
+        for job_id in news.cancelled:
             if job_id in self._queue:
                 self._queue.remove(job_id)
                 self._jobs.pop(job_id, None)
                 self._rows.pop(job_id, None)
                 self._reasons.pop(job_id, None)
                 self._untried.discard(job_id)
-
-    def _load_attempts(self) -> None:
-        """At start: every active attempt, and the latest attempt of each replica of the running
-        and preempted jobs (inside `_load_new`'s snapshot)."""
-        rows = self.database.execute(
-            f"SELECT {ATTEMPT_COLUMNS} FROM attempts WHERE state IN {ACTIVE!r} OR job_id IN "
-            "(SELECT id FROM jobs WHERE state IN ('running', 'preempted')) "
-            "ORDER BY job_id, replica, attempt"
-        ).fetchall()
-        running = {
-            row[0]
-            for row in self.database.execute(
-                "SELECT id FROM jobs WHERE state IN ('running', 'preempted')"
-            )
-        }
-        for row in rows:  # in attempt order: the latest comes last
-            attempt = {column: row[column] for column in ATTEMPT_KEYS}
-            if attempt["state"] in ACTIVE:
-                self._attempts[key(attempt)] = attempt
-            if attempt["job_id"] in running:
-                self._latest.setdefault(attempt["job_id"], {})[attempt["replica"]] = attempt
 
     def _schedule(
         self, queue: list[PendingJob], running: list[dict], report: TickReport

@@ -236,7 +236,7 @@ def memory_and_database(control: Controller) -> tuple[dict, dict]:
     """What the controller keeps in memory of its running jobs, their latest attempts and the
     active attempts, and the same read from the database (with the handles it has yet to
     write)."""
-    from keel.cluster.controller import ATTEMPT_COLUMNS, JOB_COLUMNS
+    from keel.cluster.feed import ATTEMPT_COLUMNS, JOB_COLUMNS
 
     database = control.database
     running = "state IN ('running', 'preempted')"
