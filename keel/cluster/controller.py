@@ -31,11 +31,12 @@ the same transaction, and nothing is launched or cancelled before that commits.
 
 Durability: one commit a tick. The state database runs in WAL mode with synchronous=NORMAL
 (keel.cluster.state): a commit survives the controller's process being killed at any point; a
-power loss or OS crash may lose the last commits (not promised). A launched attempt's handle is
-written in the next tick's transaction: a controller killed before then finds the attempt
-without one on restart and launches it again, which its backend answers with the task it already
-started (as it does for a controller killed mid-launch). Assignment re-checks inside the
-transaction that each job is still pending (keel.cluster.launch), so no job starts twice.
+power loss or OS crash may roll back the last commits (not fsynced; not promised). A launched
+attempt's handle is written in the next tick's transaction: a controller killed before then
+finds the attempt without one on restart and launches it again, which its backend answers with
+the task it already started (as it does for a controller killed mid-launch). Assignment
+re-checks inside the transaction that each job is still pending (keel.cluster.launch), so no job
+starts twice.
 """
 
 from __future__ import annotations
