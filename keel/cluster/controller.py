@@ -53,6 +53,7 @@ import orjson
 
 from keel.cluster import state
 from keel.cluster.backend import Capacity, ScaleGroup, TaskBackend, TaskState
+from keel.cluster.checkpoint import BACKSTOP_PAGES, Checkpointer
 from keel.cluster.feed import JobFeed
 from keel.cluster.launch import KEY, UNSTARTED, JobInfo, Launcher, key, record_assignments
 from keel.cluster.ledger import CapacityLedger
@@ -97,6 +98,9 @@ class Controller:
         self.report_every = max(1, report_every)
         self.home = home if home is not None else next(iter(self.backends), None)
         self.database = state.connect(self.root / "state.db")
+        # Checkpoints run from a thread of their own, not inside a tick's commit.
+        self.database.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_PAGES}")
+        self.checkpointer = Checkpointer(self.root / "state.db")
         self.ledger = CapacityLedger()
         self.ticks = int(state.get_value(self.database, "tick", "0"))
         self._first_tick = self.ticks + 1
@@ -120,6 +124,7 @@ class Controller:
         # Jobs that left a cluster since its last capacity report: their capacity is coming back
         # (the scheduler counts it when planning preemptions, never when assigning).
         self._leaving: dict[str, list[RunningJob]] = {name: [] for name in self.backends}
+        self._reporting: set[str] = set()  # clusters whose capacity this tick's report holds
         self.feed = JobFeed(self.database)
         self.logs = LogStreamer(self.database, self.backends, telemetry)
         self.launcher = Launcher(self.database, self.backends, str(self.root / "tasks"))
@@ -133,6 +138,7 @@ class Controller:
         self._load_new()
         changes = self._poll()
         capacities = self._capacity_reports()
+        self._reporting = set(capacities)
         # One write transaction a tick for what the backends said and what the round decided;
         # nothing is launched or cancelled before it commits.
         with state.transaction(self.database):
@@ -143,6 +149,7 @@ class Controller:
             running = list(self._running.values())
             pending = self._queue.ordered()
             launches, preempted = self._schedule(pending, running, report)
+        self.checkpointer.nudge()
         for cluster, active in to_cancel:
             self._cancel(cluster, active)
         self._launch(launches)
@@ -177,6 +184,7 @@ class Controller:
 
     def close(self) -> None:
         self.launcher.flush()
+        self.checkpointer.close()
         for backend in self.backends.values():
             backend.close()
         self.database.close()
@@ -327,7 +335,8 @@ class Controller:
         if final == "pending":
             self._requeued.append(job["id"])
         info = self._jobs.get(job["id"]) if final == "pending" else self._jobs.pop(job["id"], None)
-        if info is not None and cluster in self._leaving:
+        # A cluster reported after this tick's poll has the capacity of what ended already.
+        if info is not None and cluster in self._leaving and cluster not in self._reporting:
             self._leaving[cluster].append(
                 RunningJob(
                     job["id"],

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from keel.cluster.checkpoint import BACKSTOP_PAGES
 from keel.cluster.controller import Controller
 from keel.cluster.local import LocalBackend
 from keel.cluster.spec import JobSpec, Priority, Resources, entry_point_command
@@ -197,3 +198,17 @@ def test_a_jobs_events_tell_its_story_in_order(tmp_path):
     assert [event["at"] for event in events] == sorted(event["at"] for event in events)
     kinds = control.database.execute("SELECT DISTINCT kind FROM events").fetchall()
     assert not {"assigned", "succeeded"} & {row[0] for row in kinds}
+
+
+def test_the_write_ahead_log_is_checkpointed_by_a_thread_not_by_a_ticks_commit(tmp_path):
+    control = controller(tmp_path)
+    assert control.database.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == BACKSTOP_PAGES
+    job = submit(control.database, shell("true"))
+    run_until(control, lambda: states(control, job) == ["succeeded"])
+    deadline = time.monotonic() + 10
+    while control.checkpointer.done == 0:
+        assert time.monotonic() < deadline, "no checkpoint ran"
+        time.sleep(0.01)
+    assert control.checkpointer.failures == 0
+    control.close()
+    assert not control.checkpointer.running
