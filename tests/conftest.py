@@ -1,6 +1,7 @@
-"""Simulate 8 CPU devices for the expert-parallel tests. XLA reads the flag when JAX starts its
-CPU backend, so it is set here, before any test module imports jax; single-device code still
-runs on device 0. Also: fixtures more than one test directory uses."""
+"""Simulate 8 CPU devices for the mesh tests. XLA reads the flag when JAX starts its CPU
+backend, so it is set here, before any test module imports jax; single-device code still runs on
+device 0, and training pins one device (KEEL_DEVICES=1) unless a test asks for a mesh. Also:
+fixtures more than one test directory uses."""
 
 import gzip
 import json
@@ -14,6 +15,9 @@ WIKITEXT_SAMPLE = Path(__file__).parents[1] / "keel/experiments/sample/wikitext2
 _FLAG = "--xla_force_host_platform_device_count=8"
 if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}".strip()
+# Training that does not test meshes runs on one device (in this process and in the keel
+# commands tests start); mesh tests name their devices, or clear this for their processes.
+os.environ["KEEL_DEVICES"] = "1"
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,8 @@ inside a training run.
 
 - `from_dict` / `to_dict`: plain data <-> dataclass; `from_dict(type(x), to_dict(x)) == x`.
 - `load_config` / `dump_config`: the same, through a .yaml/.yml/.json file.
+  A field with `metadata={"legacy": True}` (a key kept only so old files still load) is left
+  out while it holds its default.
 - `parse_override` / `apply_overrides`: "model.d_model=512" style edits, applied by building new
   objects with `dataclasses.replace` (frozen configs are never mutated).
 
@@ -313,8 +315,11 @@ def _parse_value(raw: str, label: str) -> Any:
 
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = dataclasses.fields(value)
-        return {f.name: _plain(getattr(value, f.name)) for f in fields if f.init}
+        return {
+            f.name: _plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if f.init and not (f.metadata.get("legacy") and getattr(value, f.name) == f.default)
+        }
     if isinstance(value, enum.Enum):
         return _plain(value.value)
     if isinstance(value, pathlib.PurePath):

@@ -159,15 +159,16 @@ def dispatch_expert_parallel(
     return _combine(per_assignment, routing.gates, x.dtype), dropped
 
 
-def check_expert_parallel(n_experts: int, tokens: int, n_devices: int) -> None:
-    """Raise ConfigError unless experts and tokens split evenly over n_devices."""
-    if n_experts % n_devices:
+def check_expert_parallel(n_experts: int, tokens: int, n_expert: int, n_devices: int) -> None:
+    """Raise ConfigError unless the experts split evenly over the `n_expert` devices of
+    EXPERT_AXIS and the tokens over all `n_devices` devices of the mesh."""
+    if n_experts % n_expert:
         raise ConfigError(
-            f"model.n_routed_experts ({n_experts}) must be divisible by the {n_devices} devices "
-            f"of mesh axis {EXPERT_AXIS!r}; change the expert count or the device count"
+            f"model.n_routed_experts ({n_experts}) must be divisible by the {n_expert} devices "
+            f"of mesh axis {EXPERT_AXIS!r}; change the expert count or mesh.expert"
         )
     if tokens % n_devices:
         raise ConfigError(
-            f"the batch's {tokens} tokens must be divisible by the {n_devices} devices of mesh "
-            f"axis {EXPERT_AXIS!r}; change the batch size or sequence length"
+            f"the batch's {tokens} tokens must be divisible by the mesh's {n_devices} devices; "
+            "change the batch size or sequence length"
         )

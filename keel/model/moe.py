@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -26,7 +27,7 @@ from keel.model.dispatch import (
 from keel.model.grouped import expert_swiglu_for
 from keel.model.layers import MlpParams, init_mlp, normal, swiglu
 from keel.model.router import RouterStats, Routing, route, routing_stats
-from keel.model.sharding import EXPERT_AXIS
+from keel.model.sharding import BATCH_SPEC, DATA_AXIS, EXPERT_AXIS, FSDP_AXIS, MESH_AXES
 
 
 @jax.tree_util.register_dataclass
@@ -123,47 +124,54 @@ def moe_forward(
 ) -> tuple[jax.Array, RouterStats]:
     """x [tokens, d_model] -> (y [tokens, d_model] in x's dtype, RouterStats over all tokens).
 
-    Without a mesh (or with one device on EXPERT_AXIS) nothing is dropped. Otherwise tokens are
-    split over EXPERT_AXIS along axis 0 (y keeps that sharding), experts along E, and capacity
-    drops are counted in stats.dropped. stats.bias_target is the mean over devices of each
-    device's quantile target.
+    Without a mesh (or on a one-device mesh) nothing is dropped. On a bigger mesh the tokens are
+    split over every axis (sharding.BATCH_SPEC; y keeps that sharding) and each device routes its
+    own; with one device on EXPERT_AXIS each then runs dropless, otherwise the experts are split
+    along E over EXPERT_AXIS and reached by all-to-all inside each expert group, and capacity drops
+    are counted in stats.dropped. Parameters enter replicated but for the experts (XLA gathers
+    fsdp-sharded ones). stats.bias_target is the mean over devices of each device's target.
     """
     n_experts = params.router.shape[-1]
-    n = 1
-    if mesh is not None:
-        if EXPERT_AXIS not in mesh.shape:
-            raise ConfigError(
-                f"the mesh has axes {tuple(mesh.shape)} but no {EXPERT_AXIS!r} axis; build it "
-                "with keel.model.sharding.expert_mesh"
-            )
-        n = mesh.shape[EXPERT_AXIS]
-    if n == 1:
+    if mesh is None or mesh.size == 1:
         y, routing, _ = _block(params, x, bias, config, _dropless)
         return y, routing_stats(routing, n_experts)
-    check_expert_parallel(n_experts, x.shape[0], n)
-    dispatch = partial(
-        dispatch_expert_parallel,
-        send_capacity=config.send_capacity,
-        receive_capacity=config.receive_capacity,
-        waves=config.dispatch_waves,
-        axis_name=EXPERT_AXIS,
-    )
+    missing = [axis for axis in MESH_AXES if axis not in mesh.shape]
+    if missing:
+        raise ConfigError(
+            f"the mesh has axes {tuple(mesh.shape)} but not {missing}; build it with "
+            "keel.model.sharding.build_mesh"
+        )
+    n = mesh.shape[EXPERT_AXIS]
+    check_expert_parallel(n_experts, x.shape[0], n, mesh.size)
+    dispatch: Callable = _dropless
+    if n > 1:
+        dispatch = partial(
+            dispatch_expert_parallel,
+            send_capacity=config.send_capacity,
+            receive_capacity=config.receive_capacity,
+            waves=config.dispatch_waves,
+            axis_name=EXPERT_AXIS,
+        )
 
     def local(params: MoeParams, x: jax.Array, bias: jax.Array) -> tuple[jax.Array, RouterStats]:
         y, routing, dropped = _block(params, x, bias, config, dispatch)
         own = routing_stats(routing, n_experts)
+        if dropped is None:
+            dropped = jnp.zeros((), jnp.float32)
+        else:  # already summed over the expert group
+            dropped = jax.lax.psum(dropped, (DATA_AXIS, FSDP_AXIS))
         stats = RouterStats(
-            load=jax.lax.psum(own.load, EXPERT_AXIS),
+            load=jax.lax.psum(own.load, MESH_AXES),
             dropped=dropped,
-            assignments=jax.lax.psum(own.assignments, EXPERT_AXIS),
-            z_loss=jax.lax.pmean(own.z_loss, EXPERT_AXIS),
-            bias_target=jax.lax.pmean(own.bias_target, EXPERT_AXIS),
+            assignments=jax.lax.psum(own.assignments, MESH_AXES),
+            z_loss=jax.lax.pmean(own.z_loss, MESH_AXES),
+            bias_target=jax.lax.pmean(own.bias_target, MESH_AXES),
         )
         return y, stats
 
     return jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=(moe_param_specs(params), P(EXPERT_AXIS), P()),
-        out_specs=(P(EXPERT_AXIS), P()),
+        in_specs=(moe_param_specs(params), BATCH_SPEC, P()),
+        out_specs=(BATCH_SPEC, P()),
     )(params, x, bias)

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
 from keel.model.attention import AttentionParams, attention, init_attention
 from keel.model.config import ModelConfig
 from keel.model.layers import MlpParams, init_mlp, normal, rms_norm, swiglu
 from keel.model.moe import MoeParams, init_moe, moe_forward
 from keel.model.router import RouterStats
-from keel.model.sharding import EXPERT_AXIS
+from keel.model.sharding import BATCH_SPEC
 
 
 @jax.tree_util.register_dataclass
@@ -120,14 +120,14 @@ def forward(
     batch, seq = tokens.shape
     params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
     eps = config.norm_eps
-    h = params.embed[tokens]
+    h = _batch_split(params.embed[tokens], mesh)
 
     def attend(h: jax.Array, block: DenseBlockParams | MoeBlockParams) -> jax.Array:
         return h + attention(block.attn, rms_norm(h, block.attn_norm, eps), config, segment_ids)
 
     def dense_block(h: jax.Array, block: DenseBlockParams) -> tuple[jax.Array, None]:
         h = attend(h, block)
-        return h + swiglu(block.mlp, rms_norm(h, block.mlp_norm, eps)), None
+        return _batch_split(h + swiglu(block.mlp, rms_norm(h, block.mlp_norm, eps)), mesh), None
 
     def moe_block(
         h: jax.Array, layer: tuple[MoeBlockParams, jax.Array]
@@ -136,7 +136,7 @@ def forward(
         h = attend(h, block)
         x = rms_norm(h, block.mlp_norm, eps).reshape(batch * seq, config.d_model)
         y, stats = moe_forward(block.moe, x, bias, config, mesh)
-        return h + y.reshape(batch, seq, config.d_model), stats
+        return _batch_split(h + y.reshape(batch, seq, config.d_model), mesh), stats
 
     if remat:
         dense_block, moe_block = jax.checkpoint(dense_block), jax.checkpoint(moe_block)
@@ -148,18 +148,15 @@ def forward(
     h = rms_norm(h, params.final_norm, eps)
     unembed = params.embed.T if params.unembed is None else params.unembed
     logits = jnp.einsum("bsd,dv->bsv", h, unembed, preferred_element_type=jnp.float32)
-    return logits, stats
+    return _batch_split(logits, mesh), stats
 
 
-def param_specs(params: ModelParams) -> ModelParams:
-    """A PartitionSpec per leaf for expert parallelism: routed experts [layers, experts, ...]
-    split along the experts axis over EXPERT_AXIS, everything else replicated."""
-
-    def spec(path: tuple, leaf: jax.Array) -> PartitionSpec:
-        names = {getattr(entry, "name", None) for entry in path}
-        return PartitionSpec(None, EXPERT_AXIS) if "experts" in names else PartitionSpec()
-
-    return jax.tree_util.tree_map_with_path(spec, params)
+def _batch_split(x: jax.Array, mesh: Mesh | None) -> jax.Array:
+    """Activations stay split by batch row over every device: XLA gathers the (fsdp-sharded)
+    weights to them rather than moving activations to the weights' layout."""
+    if mesh is None or mesh.size == 1:
+        return x
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, BATCH_SPEC))
 
 
 def param_labels(params: ModelParams) -> ModelParams:

@@ -9,13 +9,17 @@ shares it over the phases in proportion to their budgets.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from keel.core.errors import ConfigError
 from keel.model.config import ModelConfig
+from keel.model.sharding import MeshConfig
 from keel.train.optim import OptimizerConfig
 from keel.train.schedule import ScheduleConfig, Segment
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,11 @@ class TrainConfig:
     keep_checkpoints: int = 2
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the forward and backward pass; parameters and optimizer state stay float32."""
-    expert_parallel: int = 1
-    """Devices the routed experts (and the batch) are split over."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Devices per mesh axis (data, fsdp, expert; see keel.model.sharding); the batch is split
+    over all of them. Default: every visible device a data-parallel replica."""
+    expert_parallel: int = field(default=0, metadata={"legacy": True, "identity": False})
+    """Replaced by mesh.expert; a config that still sets it is read as mesh.expert."""
     mask_documents: bool = False
     """Attention stays inside a document; the target after an EOS carries no loss."""
     remat: bool = False
@@ -76,22 +83,33 @@ class TrainConfig:
     to its train.metrics namespace (ts, run, step, name, value). Empty: $KEEL_TELEMETRY if set,
     else metrics.jsonl only. Not part of the run's identity: it says where to report, not what."""
 
+    def __post_init__(self) -> None:
+        legacy = self.expert_parallel
+        if not legacy:
+            return
+        if self.mesh.expert not in (1, legacy):
+            raise ConfigError(
+                f"expert_parallel ({legacy}) and mesh.expert ({self.mesh.expert}) disagree: "
+                "expert_parallel is replaced by mesh.expert; remove it"
+            )
+        if legacy > 1:
+            logger.warning(
+                "expert_parallel is replaced by mesh.expert: read as mesh.expert=%d (write "
+                "mesh: {expert: %d} in the config)",
+                legacy,
+                legacy,
+            )
+        object.__setattr__(self, "mesh", replace(self.mesh, expert=legacy))
+        object.__setattr__(self, "expert_parallel", 0)
+
     def validate(self) -> TrainConfig:
         self.model.validate()
+        self.mesh.validate()
+        self.optimizer.validate()
         if not self.phases:
             raise ConfigError("phases is empty: a run needs at least one phase")
         if self.batch_size < 1 or self.steps < 0:
             raise ConfigError("batch_size must be >= 1 and steps >= 0")
-        if self.batch_size % self.expert_parallel:
-            raise ConfigError(
-                f"batch_size ({self.batch_size}) must be a multiple of expert_parallel "
-                f"({self.expert_parallel}): each device takes an equal share of the sequences"
-            )
-        if self.expert_parallel > 1 and self.model.n_routed_experts % self.expert_parallel:
-            raise ConfigError(
-                f"model.n_routed_experts ({self.model.n_routed_experts}) must be a multiple of "
-                f"expert_parallel ({self.expert_parallel})"
-            )
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"eval_fraction must be in [0, 1), got {self.eval_fraction}")
         for every in ("eval_every", "checkpoint_every", "keep_checkpoints"):

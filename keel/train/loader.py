@@ -297,10 +297,12 @@ class MixtureLoader:
             window[rows] = self.ranges[s].start + _permute(g_s[rows] % n, n, keys, 4)
         return source, window
 
-    def batch(self, step: int) -> np.ndarray:
-        """The batch of a step: [batch_size, seq_len + 1] int32 token ids."""
+    def batch(self, step: int, rows: slice = slice(None)) -> np.ndarray:
+        """The batch of a step, [batch_size, seq_len + 1] int32 token ids, or only its `rows`
+        (a process reads just the sequences its devices take)."""
         source, window = self.indices(step)
-        out = np.empty((self.batch_size, self.seq_len + 1), np.int32)
+        source, window = source[rows], window[rows]
+        out = np.empty((len(source), self.seq_len + 1), np.int32)
         for s in np.unique(source).tolist():
             rows = np.flatnonzero(source == s)
             out[rows] = read_windows(self.caches[s], window[rows], self.seq_len)

@@ -52,6 +52,10 @@ class OptimizerConfig:
     """Muon: the lr of "matrix" leaves as a multiple of the schedule's lr; the AdamW leaves
     ("embedding", "vector") always use the schedule's lr. With muon_consistent_rms set, 1.0
     keeps both at the same update size."""
+    offload_state: bool = False
+    """Keep the optimizer state (moments, momenta) in host memory ("pinned_host") between steps;
+    each update moves it onto the devices and back. Saves its bytes of device memory for the
+    transfer time."""
 
     def validate(self) -> OptimizerConfig:
         """Raise ConfigError naming the first bad setting; return self."""

@@ -3,7 +3,9 @@
 `update(state, window)` takes a batch of windows [batch, seq + 1], runs forward and backward,
 applies the optimizer, and moves the router bias from the step's observed load (outside the
 gradient). `evaluate(params, router_bias, window, rows)` sums nats and target bytes for bits per
-byte. Both are pure functions of their inputs; with a mesh, the batch is split over EXPERT_AXIS.
+byte. Both are pure functions of their inputs, compiled for the run's layout (layout.py): the
+batch split over every device, the state in its shardings; with the optimizer state offloaded,
+`update` moves it onto the devices for the step and back to host memory after.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh
 
 from keel.model.loss import cross_entropy, segment_ids, target_mask
 from keel.model.router import router_metrics, update_bias
+from keel.model.sharding import replicated
 from keel.model.transformer import forward
 from keel.train.checkpoint import TrainState
 from keel.train.config import TrainConfig
+from keel.train.layout import RunLayout
 
 
 @dataclass(frozen=True)
@@ -38,12 +41,13 @@ def build_step_functions(
     learning_rate: Callable,
     token_bytes: jax.Array,
     eos_id: int,
-    mesh: Mesh | None,
+    layout: RunLayout,
 ) -> StepFunctions:
     """Jitted update and evaluate for this run; `token_bytes` [vocab] int32 bytes per id."""
     model = config.model
     dtype = jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
     masked_eos = eos_id if config.mask_documents else None
+    mesh = layout.mesh
 
     def run_model(params, router_bias, inputs):
         segments = segment_ids(inputs, eos_id) if config.mask_documents else None
@@ -72,7 +76,10 @@ def build_step_functions(
     def update(state: TrainState, window: jax.Array):
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         (loss, (parts, stats, router_z)), grads = grad_fn(state.params, state.router_bias, window)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        opt_state = state.opt_state
+        if layout.offloaded:
+            opt_state = jax.device_put(opt_state, layout.opt_on_device)
+        updates, opt_state = optimizer.update(grads, opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = {
             "loss": loss,
@@ -97,7 +104,21 @@ def build_step_functions(
         target_bytes = (token_bytes[targets] * mask).sum()
         return parts.nats, target_bytes, parts.targets
 
-    return StepFunctions(jax.jit(update, donate_argnums=0), jax.jit(evaluate))
+    whole = replicated(mesh)
+    batch = layout.batch
+    return StepFunctions(
+        jax.jit(
+            update,
+            in_shardings=(layout.state, batch),
+            out_shardings=(layout.state, whole),
+            donate_argnums=0,
+        ),
+        jax.jit(
+            evaluate,
+            in_shardings=(layout.state.params, layout.state.router_bias, batch, batch),
+            out_shardings=whole,
+        ),
+    )
 
 
 def bits_per_byte(nats: float, target_bytes: float) -> float:

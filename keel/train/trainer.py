@@ -19,26 +19,24 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from keel.core import paths
 from keel.core.config import dump_config, load_config, to_dict
 from keel.core.errors import ConfigError, UsageError
 from keel.data.token_cache import TokenCache
-from keel.model.sharding import EXPERT_AXIS, expert_mesh
 from keel.model.size import flops_per_token
-from keel.model.transformer import init_params, init_router_bias, param_labels, param_specs
 from keel.steps.context import step_output
 from keel.telemetry.sink import TARGET_ENV, MetricsSink
 from keel.train.checkpoint import Checkpoints, TrainState
 from keel.train.config import Phase, TrainConfig
+from keel.train.layout import RunLayout, initial_state, place_batch
 from keel.train.loader import MixtureLoader, WindowRange, check_cache, eval_batches, split_windows
-from keel.train.optim import build_optimizer
 from keel.train.peak import device_peak
 from keel.train.schedule import piecewise_lr
 from keel.train.step import StepFunctions, bits_per_byte, build_step_functions
@@ -49,8 +47,9 @@ logger = logging.getLogger(__name__)
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
-RESUME_KEYS = ("model", "seed", "batch_size", "expert_parallel", "compute_dtype")
-"""Settings a resumed run must share with the run that wrote its checkpoints."""
+RESUME_KEYS = ("model", "seed", "batch_size", "compute_dtype")
+"""Settings a resumed run must share with the run that wrote its checkpoints (the mesh may
+change: checkpoints are resharded onto the resumed run's devices)."""
 
 
 @dataclass(frozen=True)
@@ -86,17 +85,20 @@ def train(
     output: str,
     *,
     on_step: Callable[[dict[str, Any]], None] | None = None,
+    devices: list[jax.Device] | None = None,
 ) -> TrainResult:
-    """Train (or resume) the run in `output` to config.total_steps; `on_step` receives each
-    step's metrics as they are written."""
+    """Train (or resume) the run in `output` to config.total_steps on `devices` (default: every
+    device of every process of the gang); `on_step` receives each step's metrics as they are
+    written. Only process 0 writes the run's files; every process writes checkpoints."""
     config = config.validate()
     data = open_run_data(config)
     _check_resumable(config, output)
-    dump_config(config, paths.join(output, CONFIG_FILE))
+    primary = jax.process_index() == 0
+    if primary:
+        dump_config(config, paths.join(output, CONFIG_FILE))
 
-    mesh = expert_mesh(config.expert_parallel) if config.expert_parallel > 1 else None
     learning_rate = piecewise_lr(config.segments())
-    state, optimizer = _initial_state(config, mesh, learning_rate)
+    state, optimizer, layout = initial_state(config, learning_rate, devices)
     checkpoints = Checkpoints(output, config.checkpoint_every, config.keep_checkpoints)
     resumed_from = checkpoints.latest_step()
     if resumed_from is not None:
@@ -105,23 +107,22 @@ def train(
     elif config.init_from:
         state = _start_from(config.init_from, state)
     metrics_path = paths.join(output, METRICS_FILE)
-    _truncate_metrics(metrics_path, int(state.step))
+    if primary:
+        _truncate_metrics(metrics_path, int(state.step))
 
     functions = build_step_functions(
-        config, optimizer, learning_rate, jnp.asarray(data.token_bytes), data.eos_id, mesh
+        config, optimizer, learning_rate, jnp.asarray(data.token_bytes), data.eos_id, layout
     )
-    peak = (config.peak_flops or device_peak(compute_dtype=_dtype(config))) * max(
-        1, config.expert_parallel
-    )
+    peak = (config.peak_flops or device_peak(compute_dtype=_dtype(config))) * layout.mesh.size
     result = TrainResult(output, config.total_steps, resumed_from)
+    telemetry_target = config.telemetry or os.environ.get(TARGET_ENV, "")
     with (
-        paths.open_file(metrics_path, "a") as metrics_file,
-        MetricsSink(
-            config.telemetry or os.environ.get(TARGET_ENV, ""), run=step_output() or output
-        ) as telemetry,
+        paths.open_file(metrics_path if primary else os.devnull, "a") as metrics_file,
+        MetricsSink(telemetry_target if primary else "", run=step_output() or output) as telemetry,
     ):
         for plan, step in _schedule(data.phases, int(state.step)):
-            window = _place(plan.loader.batch(step - plan.start), mesh)
+            shape = (config.batch_size, plan.phase.seq_len + 1)
+            window = place_batch(layout, partial(plan.loader.batch, step - plan.start), shape)
             started = time.perf_counter()
             state, metrics = functions.update(state, window)
             loss = float(metrics["loss"])
@@ -133,7 +134,7 @@ def train(
                 flops_per_token(config.model, plan.phase.seq_len) * tokens / seconds / peak
             )
             if done % config.eval_every == 0 or done == config.total_steps:
-                line.update(_evaluate(functions, state, data, config, mesh))
+                line.update(_evaluate(functions, state, data, config, layout))
             metrics_file.write(json.dumps(line) + "\n")
             metrics_file.flush()
             telemetry.write(done, line)
@@ -143,7 +144,7 @@ def train(
                 on_step(line)
     checkpoints.close()
     result_path = paths.join(output, RESULT_FILE)
-    if result.last:
+    if result.last and primary:
         paths.write_text(result_path, json.dumps(result.last, indent=2) + "\n")
     elif paths.exists(result_path):  # already trained to the end: nothing ran
         result.last = json.loads(paths.read_text(result_path))
@@ -200,23 +201,6 @@ def _schedule(phases: list[PhasePlan], first_step: int) -> Iterator[tuple[PhaseP
             yield plan, step
 
 
-def _initial_state(config: TrainConfig, mesh: Mesh | None, learning_rate: Callable):
-    key = jax.random.key(config.seed)
-    params = init_params(key, config.model)
-    optimizer = build_optimizer(config.optimizer, learning_rate, param_labels(params))
-    if mesh is not None:
-        specs = param_specs(params)
-        params = jax.device_put(params, jax.tree.map(lambda s: NamedSharding(mesh, s), specs))
-    state = TrainState(
-        params=params,
-        opt_state=jax.jit(optimizer.init)(params),
-        router_bias=init_router_bias(config.model),
-        step=jnp.zeros((), jnp.int32),
-        rng=jax.random.key_data(key),
-    )
-    return state, optimizer
-
-
 def _start_from(run_dir: str, fresh: TrainState) -> TrainState:
     """Fresh optimizer state with the parameters and router bias of another run's checkpoint."""
     source = Checkpoints(run_dir, every=1, keep=1)
@@ -250,12 +234,6 @@ def _truncate_metrics(path: str, step: int) -> None:
     paths.write_text(path, "".join(line + "\n" for line in kept))
 
 
-def _place(window: np.ndarray, mesh: Mesh | None) -> jax.Array:
-    if mesh is None:
-        return jnp.asarray(window)
-    return jax.device_put(window, NamedSharding(mesh, PartitionSpec(EXPERT_AXIS)))
-
-
 def _step_line(
     step: int, plan: PhasePlan, metrics: dict, loss: float, tokens: int, seconds: float
 ) -> dict[str, Any]:
@@ -273,7 +251,11 @@ def _step_line(
 
 
 def _evaluate(
-    functions: StepFunctions, state: TrainState, data: RunData, config: TrainConfig, mesh
+    functions: StepFunctions,
+    state: TrainState,
+    data: RunData,
+    config: TrainConfig,
+    layout: RunLayout,
 ) -> dict[str, Any]:
     """Bits per byte and loss on each evaluation set, and over all of them."""
     out: dict[str, Any] = {}
@@ -286,7 +268,10 @@ def _evaluate(
             padded = np.zeros((config.batch_size, batch.shape[1]), np.int32)
             padded[: len(batch)] = batch
             result = functions.evaluate(
-                state.params, state.router_bias, _place(padded, mesh), _place(rows, mesh)
+                state.params,
+                state.router_bias,
+                place_batch(layout, padded.__getitem__, padded.shape),
+                place_batch(layout, rows.__getitem__, rows.shape),
             )
             nats, target_bytes, targets = (
                 a + float(b) for a, b in zip((nats, target_bytes, targets), result, strict=True)

@@ -6,13 +6,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from keel.model.config import ModelConfig
 from keel.model.loss import cross_entropy, segment_ids, target_mask
-from keel.model.sharding import EXPERT_AXIS, expert_mesh
+from keel.model.partition import param_shardings
+from keel.model.sharding import BATCH_SPEC, MeshConfig, build_mesh
 from keel.model.size import model_size
-from keel.model.transformer import forward, init_params, init_router_bias, param_specs
+from keel.model.transformer import forward, init_params, init_router_bias
 
 MOE = ModelConfig(
     vocab_size=97,
@@ -46,17 +47,20 @@ def loss_and_grads(params, bias, window, config, mesh):
     return jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
 
 
-@pytest.mark.parametrize("devices", [4, 8])
-def test_expert_parallel_matches_single_device_loss_and_gradients(devices):
+@pytest.mark.parametrize(
+    "shape", [(1, 1, 4), (1, 1, 8), (1, 2, 4), (2, 2, 2), (8, 1, 1), (2, 4, 1)]
+)
+def test_sharded_mesh_matches_single_device_loss_and_gradients(shape):
+    """(data, fsdp, expert): every layout computes the one-device loss and gradients."""
     params = init_params(jax.random.key(0), MOE)
     bias = jax.random.normal(jax.random.key(1), (MOE.n_moe_layers, MOE.n_routed_experts)) * 0.1
     window = batch(2)
     (loss, stats), grads = loss_and_grads(params, bias, window, MOE, None)
 
-    mesh = expert_mesh(devices)
-    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), param_specs(params))
-    sharded = jax.device_put(params, shardings)
-    window_sharded = jax.device_put(window, NamedSharding(mesh, PartitionSpec(EXPERT_AXIS)))
+    data, fsdp, expert = shape
+    mesh = build_mesh(MeshConfig(data, fsdp, expert), jax.devices()[: data * fsdp * expert])
+    sharded = jax.device_put(params, param_shardings(params, mesh))
+    window_sharded = jax.device_put(window, NamedSharding(mesh, BATCH_SPEC))
     (ep_loss, ep_stats), ep_grads = loss_and_grads(sharded, bias, window_sharded, MOE, mesh)
 
     assert float(ep_stats.dropped.sum()) == 0.0
