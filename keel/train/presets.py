@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from keel.core.errors import UsageError
 from keel.model.config import ModelConfig, RouterConfig
+from keel.model.sharding import MeshConfig
 from keel.train.config import Phase, TrainConfig
 from keel.train.optim import OptimizerConfig
 from keel.train.schedule import ScheduleConfig
@@ -85,6 +86,49 @@ def _moe(model: ModelConfig, experts: int, top_k: int, expert_ffn: int) -> Model
     )
 
 
+# The flagship shape of the system keel models: 48 blocks of width 6144, 384 routed experts (top 8)
+# plus 2 shared, the routed experts working in a 3072-wide latent (tokens are projected down before
+# the all-to-all and up after it, as in NVIDIA's LatentMoE, Nemotron 3 Super/Ultra). The widths the
+# issue leaves open, taken from public models of this class so that model_size() gives 523.5B
+# total (-2.1% of 535B) and 23.2B active (+1.0% of 23B):
+# - attention: 48 heads x head_dim 128 (query width = d_model) and 8 KV heads, as Nemotron-4's
+#   6144-wide models (48 heads, head_dim 128) with the GQA-8 of Nemotron-4 340B; 64 heads (Kimi
+#   K2, DeepSeek-V3) would put the active count at 24.4B, 6% over.
+# - expert_ffn_dim 3072: each expert a [3072 -> 3072 -> 3072] SwiGLU; the routed experts are
+#   48 - 1 layers x 384 x 3 x 3072^2 = 511B of the total. The 2 shared experts run at d_model
+#   (as LatentMoE keeps its shared expert at full width), hidden 2 x 3072.
+# - n_dense_layers 1 with ffn_dim 18432 (= 3 x d_model): Kimi K2's first_k_dense_replace = 1 and
+#   its dense ffn width (18432; DeepSeek-V3 the same).
+# - vocab 131072 (Nemotron 3, Mistral NeMo), tied embeddings (untied would add 0.8B active: 24.0B).
+# - sigmoid router scores with normalised top-k gates, as DeepSeek-V3 and Kimi K2.
+# Sources: Kimi K2 config (NeMo Megatron-Bridge KimiK2Provider: 61 layers, 7168 wide, 384 experts
+# top 8, moe_ffn 2048, ffn 18432, 64 heads); DeepSeek-V3 (arXiv:2412.19437); NVIDIA Nemotron 3
+# (arXiv:2512.20856) and LatentMoE (Elango et al. 2026): d 4096 -> latent 1024 in Super; Nemotron-4
+# 340B config (96 heads, 8 KV heads). Compute bfloat16 with remat; one 4096-token sequence per
+# device of a 64-device expert-parallel domain (batch 64): the plan (docs/planning.md) reports
+# what that needs per device.
+_535B_A23B = ModelConfig(
+    vocab_size=131072,
+    d_model=6144,
+    n_layers=48,
+    n_heads=48,
+    n_kv_heads=8,
+    head_dim=128,
+    ffn_dim=18432,
+    n_routed_experts=384,
+    top_k=8,
+    n_shared_experts=2,
+    expert_ffn_dim=3072,
+    n_dense_layers=1,
+    latent_dim=3072,
+    router=RouterConfig(score="sigmoid"),
+)
+_535B_A23B_RUN = replace(
+    _gpu_run(_535B_A23B, 64, 4096, remat=True),
+    phases=(Phase(seq_len=4096, schedule=ScheduleConfig(peak_lr=2.2e-4, warmup_steps=500)),),
+    mesh=MeshConfig(data=1, fsdp=1, expert=64),
+)
+
 PRESETS: dict[str, TrainConfig] = {
     "tiny-moe": replace(_TINY_RUN, model=_TINY_MOE),
     "tiny-dense": replace(_TINY_RUN, model=_TINY),
@@ -92,6 +136,7 @@ PRESETS: dict[str, TrainConfig] = {
     "100m-moe": _gpu_run(_moe(_GPU_100M, 16, 2, 512), 32, 1024, remat=False),
     "1b-dense": _gpu_run(_GPU_1B, 16, 2048, remat=True),
     "1b-moe": _gpu_run(_moe(_GPU_1B, 32, 4, 1024), 16, 2048, remat=True),
+    "535b-a23b": _535B_A23B_RUN,
 }
 
 
