@@ -71,6 +71,7 @@ from keel.model.size import flops_per_token, model_size
 from keel.model.transformer import forward, init_params, init_router_bias, param_labels
 from keel.train.checkpoint import TrainState
 from keel.train.config import TrainConfig
+from keel.train.layout import plan_layout
 from keel.train.optim import build_optimizer
 from keel.train.peak import measured_matmul_peak, table_peak
 from keel.train.presets import preset
@@ -219,8 +220,9 @@ def prepare(name: str, device: str, smoke: bool, batch_size: int = 0) -> Bench:
     labels = param_labels(jax.eval_shape(lambda k: init_params(k, model), key))
     optimizer = build_optimizer(config.optimizer, learning_rate, labels)
     token_bytes = jnp.asarray(np.ones(model.vocab_size, np.int32))
+    layout = plan_layout(config, optimizer, jax.devices()[:1])
     functions = build_step_functions(
-        config, optimizer, learning_rate, token_bytes, eos_id=0, mesh=None
+        config, optimizer, learning_rate, token_bytes, eos_id=0, layout=layout
     )
 
     def fresh_state(key: jax.Array) -> TrainState:
@@ -233,7 +235,7 @@ def prepare(name: str, device: str, smoke: bool, batch_size: int = 0) -> Bench:
             rng=jax.random.key_data(key),
         )
 
-    init_state = jax.jit(fresh_state, compiler_options=options)
+    init_state = jax.jit(fresh_state, out_shardings=layout.state, compiler_options=options)
 
     def init() -> TrainState:
         return init_state(jax.random.key(config.seed))  # fresh: the update donates its key data

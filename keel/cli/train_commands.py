@@ -8,6 +8,7 @@ and `keel train` share it).
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import replace
 from importlib import resources
 
@@ -19,8 +20,11 @@ from keel.cli.steps_commands import PREFIX
 from keel.core import paths
 from keel.core.config import apply_overrides, load_config
 from keel.core.errors import UsageError
+from keel.core.gang import REPLICAS, run_local_gang
 from keel.steps import all_steps, load_experiment, output_path, run
 from keel.train.config import TrainConfig
+from keel.train.distributed import check_shared_directory, initialize_from_env, process_label
+from keel.train.layout import check_mesh, run_devices
 from keel.train.presets import PRESETS, preset
 from keel.train.trainer import train
 
@@ -49,6 +53,18 @@ def train_command(
     steps: int | None = typer.Option(
         None, "--steps", min=1, help="Total steps of the run (the schedule follows)."
     ),
+    processes: int = typer.Option(
+        1,
+        "--processes",
+        min=1,
+        help="Run as a gang of N processes on this machine (one JAX run over all their devices).",
+    ),
+    plan: bool = typer.Option(
+        False, "--plan", help="Compile one step on abstract arrays and print bytes per device."
+    ),
+    devices: int | None = typer.Option(
+        None, "--devices", min=1, help="With --plan: simulate N CPU devices."
+    ),
     prefix: str = PREFIX,
     as_json: bool = typer.Option(False, "--json", help="Print the final metrics as JSON."),
 ) -> None:
@@ -57,14 +73,36 @@ def train_command(
     Examples:
       keel train --preset tiny-moe --steps 200
       keel train run.yaml --set optimizer.name=muon --output runs/muon
+      XLA_FLAGS=--xla_force_host_platform_device_count=4 keel train --preset tiny-moe \
+          --processes 2 --set mesh.fsdp=2 --set mesh.expert=4 --steps 20 --output runs/a
+      keel train --preset 535b-a23b --plan --devices 64
     """
     config, name = load_train_config(config_file, preset_name, overrides)
     if steps is not None:
         config = replace(config, steps=steps)
     config.validate()
-    if not config.data and not all(phase.mixture for phase in config.phases):
-        config = config.with_data((bundled_cache(prefix),))
+    if plan:
+        _print_plan(config, devices, as_json)
+        return
+    if devices is not None:
+        raise UsageError("--devices goes with --plan; a run uses the devices it sees")
+    needs_sample = not config.data and not all(phase.mixture for phase in config.phases)
     output = output or paths.join(prefix, f"train-{name}")
+    quiet = False
+    if processes > 1 and REPLICAS not in os.environ:
+        if needs_sample:
+            bundled_cache(prefix)  # built once here; the members find it cached
+        _run_gang(processes)
+        return
+    gang = initialize_from_env()
+    check_mesh(config, len(run_devices()))  # before the sample is built or anything compiled
+    if needs_sample:
+        config = config.with_data((bundled_cache(prefix),))
+    if gang is not None:
+        check_shared_directory(output, gang)
+        stderr.print(f"{process_label(gang)} of the gang at {gang.coordinator}")
+        if gang.process != 0:  # it trains; process 0 reports
+            as_json, quiet = False, True
     progress = Progress(
         TextColumn("[bold]train[/]"),
         BarColumn(),
@@ -72,7 +110,7 @@ def train_command(
         TextColumn("loss {task.fields[loss]}"),
         TimeRemainingColumn(),
         console=stderr,
-        disable=as_json or (not stderr.is_terminal and "KEEL_PROGRESS" not in os.environ),
+        disable=as_json or quiet or (not stderr.is_terminal and "KEEL_PROGRESS" not in os.environ),
     )
     with progress:
         task = progress.add_task("train", total=config.total_steps, loss="-")
@@ -81,6 +119,8 @@ def train_command(
             progress.update(task, completed=line["step"], loss=f"{line['loss']:.3f}")
 
         result = train(config, output, on_step=on_step)
+    if quiet:
+        return
     if as_json:
         print_json({"output": result.output, "resumed_from": result.resumed_from, **result.last})
         return
@@ -98,6 +138,43 @@ def train_command(
         f"trained {output} to step {last['step']}{resumed}: loss {last['loss']:.3f}{evaluation}\n"
         f"metrics: {paths.join(output, 'metrics.jsonl')}"
     )
+
+
+def _run_gang(processes: int) -> None:
+    """This command again as a gang of `processes` local processes (the bundled cache is
+    built already, so they find it); exits with the gang's code."""
+    argv = [sys.executable, "-m", "keel", *_without_processes(sys.argv[1:])]
+    code = run_local_gang(argv, processes)
+    if code:
+        raise typer.Exit(code)
+
+
+def _without_processes(args: list[str]) -> list[str]:
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--processes":
+            skip = True
+        elif not arg.startswith("--processes="):
+            kept.append(arg)
+    return kept
+
+
+def _print_plan(config: TrainConfig, devices: int | None, as_json: bool) -> None:
+    if devices is not None:  # before the CPU backend starts: it reads the count once
+        import jax
+
+        jax.config.update("jax_num_cpu_devices", devices)
+        jax.config.update("jax_platforms", "cpu")
+    from keel.train.plan import plan_run
+
+    report = plan_run(config)
+    if as_json:
+        print_json(report.to_dict())
+        return
+    for line in report.lines():
+        stdout.print(line, highlight=False)
 
 
 def load_train_config(

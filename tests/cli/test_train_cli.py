@@ -108,3 +108,48 @@ def test_a_preset_and_a_config_file_are_exclusive(cli, cache):
 @pytest.fixture
 def cache(wikitext_cache) -> str:
     return wikitext_cache
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("--set", "mesh.data=3"), "mesh data 3 x fsdp 1 x expert 1 has 3 devices but 8 are"),
+        (("--set", "mesh.data=-1", "--set", "mesh.fsdp=-1"), "at most one mesh axis may be -1"),
+        (("--set", "mesh.data=1", "--set", "mesh.expert=8"), "mesh.expert (8) must divide"),
+        ((), "batch_size (4) must be a multiple of mesh data x fsdp x expert = 8 x 1 x 1"),
+    ],
+)
+def test_a_mesh_that_does_not_fit_fails_with_one_line_before_compiling(cli, cache, change, message):
+    """8 simulated devices, no one-device pin: the mesh is checked against them."""
+    config = config_file(cli, cache)
+    started = time.monotonic()
+    env = {**cli.env, "KEEL_DEVICES": ""}
+    result = cli.run("train", str(config), "--output", "bad", *change, env=env)
+    assert result.returncode == 2, result.stderr
+    lines = error_lines(result.stderr)
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert not (cli.root / "bad").exists()  # refused before the run began
+    assert time.monotonic() - started < 60
+
+
+def test_an_old_config_with_expert_parallel_is_read_as_mesh_expert(cli, cache):
+    config = cli.write("old.yaml", CONFIG.format(cache=cache, vocab=512, steps=5))
+    config.write_text(config.read_text() + "expert_parallel: 2\n")
+    result = cli.run("train", str(config), env={**cli.env, "KEEL_DEVICES": ""})
+    assert result.returncode == 2, result.stderr  # 8 devices: data 4 x expert 2 for a batch of 4
+    assert "expert_parallel is replaced by mesh.expert: read as mesh.expert=2" in result.stderr
+    assert "mesh data x fsdp x expert = 4 x 1 x 2" in error_lines(result.stderr)[0]
+
+
+@pytest.mark.slow
+def test_a_gang_whose_coordinator_cannot_be_reached_fails_in_one_line(cli, cache):
+    from keel.core.gang import free_port
+
+    gang = {"KEEL_COORDINATOR": f"127.0.0.1:{free_port()}", "KEEL_REPLICA": "1"}
+    started = time.monotonic()
+    result = cli.run(
+        "train", str(config_file(cli, cache)), env={**cli.env, **gang, "KEEL_REPLICAS": "2"}
+    )
+    assert result.returncode == 2, result.stderr
+    assert len(error_lines(result.stderr)) == 1 and "127.0.0.1" in result.stderr
+    assert time.monotonic() - started < 60

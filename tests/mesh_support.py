@@ -1,0 +1,97 @@
+"""Reference runs for the mesh and gang tests, shared by tests/train and tests/cluster.
+
+Every run is 20 steps of tiny-moe (vocabulary cut to the test cache's 512 ids, sequences of 64)
+in float32 with capacities so high that nothing drops, checkpointed at steps 10 and 20. The
+one-device run and the 2-process x 4-device gang (fsdp 2 x expert 4) are made once a session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from keel.core.config import apply_overrides, dump_config
+from keel.model.sharding import MeshConfig
+from keel.train.config import TrainConfig
+from keel.train.presets import preset
+from keel.train.trainer import train
+
+STEPS = 20
+KEEL = [sys.executable, "-m", "keel"]
+ALL_DEVICES = MeshConfig()
+GANG_MESH = MeshConfig(data=1, fsdp=2, expert=4)
+FOUR_DEVICES = "--xla_force_host_platform_device_count=4"
+
+
+def tiny_moe(cache: str, mesh: MeshConfig = ALL_DEVICES, **changes) -> TrainConfig:
+    config = apply_overrides(
+        preset("tiny-moe"),
+        [
+            "model.vocab_size=512",
+            "phases.0.seq_len=64",
+            "phases.0.schedule.warmup_steps=4",
+            "model.send_capacity=8",
+            "model.receive_capacity=8",
+        ],
+    )
+    config = replace(
+        config,
+        steps=STEPS,
+        mesh=mesh,
+        eval_every=STEPS,
+        eval_batches=1,
+        checkpoint_every=10,
+        **changes,
+    )
+    return config.with_data((cache,))
+
+
+def run(config: TrainConfig, output: Path, devices: int) -> list[dict]:
+    """Train in this process on its first `devices` devices; the metrics lines."""
+    train(config, str(output), devices=jax.devices()[:devices])
+    return metrics(output)
+
+
+def metrics(output: Path) -> list[dict]:
+    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_losses(got: list[dict], want: list[dict], rtol: float = 1e-5) -> None:
+    assert [row["step"] for row in got] == [row["step"] for row in want]
+    assert all(row["drop_rate"] == 0.0 for row in got), [row["drop_rate"] for row in got]
+    np.testing.assert_allclose([r["loss"] for r in got], [r["loss"] for r in want], rtol=rtol)
+
+
+def gang_env() -> dict[str, str]:
+    """This environment for a gang member: four devices, without the suite's one-device pin."""
+    env = {key: value for key, value in os.environ.items() if key != "KEEL_DEVICES"}
+    return {**env, "XLA_FLAGS": FOUR_DEVICES}
+
+
+def write_config(config: TrainConfig, path: Path) -> Path:
+    dump_config(config, str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def one_device_run(wikitext_cache, tmp_path_factory) -> list[dict]:
+    return run(tiny_moe(wikitext_cache), tmp_path_factory.mktemp("one-device") / "run", 1)
+
+
+@pytest.fixture(scope="session")
+def gang_run(wikitext_cache, tmp_path_factory) -> tuple[list[dict], str]:
+    """(metrics, stdout) of `keel train --processes 2` on 2 processes x 4 devices."""
+    root = tmp_path_factory.mktemp("gang")
+    config_file = write_config(tiny_moe(wikitext_cache, GANG_MESH), root / "run.yaml")
+    command = [*KEEL, "train", str(config_file), "--processes", "2", "--output", "run"]
+    done = subprocess.run(command, cwd=root, env=gang_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return metrics(root / "run"), done.stdout
