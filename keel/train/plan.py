@@ -35,7 +35,7 @@ from keel.model.size import flops_per_token, model_size
 from keel.model.transformer import init_params, init_router_bias, param_labels
 from keel.train.checkpoint import TrainState
 from keel.train.config import TrainConfig
-from keel.train.layout import HOST_MEMORY, plan_layout, run_devices
+from keel.train.layout import HOST_MEMORY, RunLayout, plan_layout, run_devices
 from keel.train.optim import build_optimizer
 from keel.train.schedule import piecewise_lr
 from keel.train.step import build_step_functions
@@ -180,9 +180,30 @@ class RunPlan:
         return [f"{name:<{width}}  {value}".rstrip() for name, value in rows]
 
 
+@dataclass(frozen=True)
+class CompiledStep:
+    """The update step compiled ahead of time for a run's layout, with what it was compiled on."""
+
+    config: TrainConfig
+    devices: list
+    layout: RunLayout
+    state: TrainState
+    """The TrainState as ShapeDtypeStructs in the layout's shardings."""
+    seq_len: int
+    executable: jax.stages.Compiled
+    compile_s: float
+
+
 def plan_run(config: TrainConfig, devices: list | None = None) -> RunPlan:
     """Compile one update step of `config` ahead of time on abstract arrays for its mesh over
     `devices` (default: `layout.run_devices()`) and report what it needs per device."""
+    return describe(compile_step(config, devices))
+
+
+def compile_step(config: TrainConfig, devices: list | None = None) -> CompiledStep:
+    """`jax.jit(update).lower(...).compile()` on ShapeDtypeStructs: nothing is initialised or
+    allocated. The window is [batch, longest phase's seq_len + 1]; token_bytes an abstract
+    [vocab] int32 (only evaluation reads it)."""
     config = config.validate()
     devices = run_devices(devices)
     seq_len = max(phase.seq_len for phase in config.phases)
@@ -196,22 +217,28 @@ def plan_run(config: TrainConfig, devices: list | None = None) -> RunPlan:
     token_bytes = jax.ShapeDtypeStruct((config.model.vocab_size,), jnp.int32)
     functions = build_step_functions(config, optimizer, learning_rate, token_bytes, 0, layout)
     started = time.perf_counter()
-    compiled = functions.update.lower(state, window).compile()
+    executable = functions.update.lower(state, window).compile()
     compile_s = time.perf_counter() - started
     logger.info("compiled the update step for %d devices in %.1f s", len(devices), compile_s)
-    memory = compiled.memory_analysis()
-    if memory is None:
-        raise RuntimeError(f"XLA reported no memory analysis on {devices[0].platform}")
+    return CompiledStep(config, devices, layout, state, seq_len, executable, compile_s)
 
+
+def describe(step: CompiledStep) -> RunPlan:
+    """The RunPlan of a compiled step: bytes from its shardings and XLA's memory analysis."""
+    config, state, seq_len, devices = step.config, step.state, step.seq_len, len(step.devices)
+    platform = step.devices[0].platform
+    memory = step.executable.memory_analysis()
+    if memory is None:
+        raise RuntimeError(f"XLA reported no memory analysis on {platform}")
     size = model_size(config.model)
-    mesh_sizes = {axis: int(layout.mesh.shape[axis]) for axis in MESH_AXES}
+    mesh_sizes = {axis: int(step.layout.mesh.shape[axis]) for axis in MESH_AXES}
     per_token = flops_per_token(config.model, seq_len)
     param_bytes = sharded_bytes(state.params)
-    opt_kinds = {s.memory_kind for s in jax.tree.leaves(layout.state.opt_state)}
+    opt_kinds = {s.memory_kind for s in jax.tree.leaves(step.layout.state.opt_state)}
     return RunPlan(
-        devices=len(devices),
+        devices=devices,
         mesh=mesh_sizes,
-        platform=devices[0].platform,
+        platform=platform,
         batch_size=config.batch_size,
         seq_len=seq_len,
         compute_dtype=config.compute_dtype,
@@ -228,9 +255,9 @@ def plan_run(config: TrainConfig, devices: list | None = None) -> RunPlan:
         output_bytes=int(memory.output_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes),
         flops_per_token=per_token,
-        flops_per_step_per_device=per_token * config.batch_size * seq_len / len(devices),
-        alltoall=alltoall_plan(config, seq_len, mesh_sizes, len(devices)),
-        compile_s=compile_s,
+        flops_per_step_per_device=per_token * config.batch_size * seq_len / devices,
+        alltoall=alltoall_plan(config, seq_len, mesh_sizes, devices),
+        compile_s=step.compile_s,
     )
 
 
