@@ -149,7 +149,7 @@ class Controller:
             running = list(self._running.values())
             pending = self._queue.ordered()
             launches, preempted = self._schedule(pending, running, report)
-        self.checkpointer.nudge()
+        self.checkpointer.committed(self.database)
         for cluster, active in to_cancel:
             self._cancel(cluster, active)
         self._launch(launches)

@@ -203,6 +203,7 @@ def test_a_jobs_events_tell_its_story_in_order(tmp_path):
 def test_the_write_ahead_log_is_checkpointed_by_a_thread_not_by_a_ticks_commit(tmp_path):
     control = controller(tmp_path)
     assert control.database.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == BACKSTOP_PAGES
+    control.checkpointer.every_rows = 5  # a checkpoint is due after a few rows
     job = submit(control.database, shell("true"))
     run_until(control, lambda: states(control, job) == ["succeeded"])
     deadline = time.monotonic() + 10
