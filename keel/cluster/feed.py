@@ -115,5 +115,5 @@ def _parsed(rows: list[sqlite3.Row]) -> list[tuple[dict[str, Any], JobInfo]]:
         pending = PendingJob(
             row[0], spec.priority, row[width], spec.demand(), spec.region, spec.cluster
         )
-        jobs.append((dict(zip(JOB_KEYS, row[:width], strict=True)), JobInfo(spec, pending)))
+        jobs.append((dict(zip(JOB_KEYS, row, strict=False)), JobInfo(spec, pending)))
     return jobs
