@@ -57,7 +57,9 @@ class AllToAll:
     run again transposed (cotangents of the results and of the rows, compute dtype; the int32
     exchanges have no cotangent). With remat the forward exchanges also run a second time in the
     backward pass. Of each buffer, the block addressed to the device itself stays on it: bytes
-    leaving a device are the buffer's (n - 1) / n.
+    leaving a device are the buffer's (n - 1) / n. These are the program's bytes (bfloat16 rows
+    with bfloat16 compute, as a GPU moves them); XLA:CPU compiles bfloat16 all-to-alls as
+    float32, so simulated devices move twice the row bytes.
     """
 
     devices: int
