@@ -49,10 +49,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from keel.cluster import state
 from keel.cluster.backend import Capacity, ScaleGroup, TaskBackend, TaskState
+from keel.cluster.capacity import take_capacities, write_capacities
 from keel.cluster.checkpoint import BACKSTOP_PAGES, Checkpointer
 from keel.cluster.feed import JobFeed
 from keel.cluster.launch import KEY, UNSTARTED, JobInfo, Launcher, key, record_assignments
@@ -144,8 +143,7 @@ class Controller:
         with state.transaction(self.database):
             self.launcher.write_handles()  # the last tick's launches, before their news
             report.finished, to_cancel = self._reconcile(changes)
-            reported = self._apply_capacities(capacities)
-            self._write_tick(reported)
+            self._apply_capacities(capacities)
             running = list(self._running.values())
             pending = self._queue.ordered()
             launches, preempted = self._schedule(pending, running, report)
@@ -374,41 +372,23 @@ class Controller:
     # -- capacity, scheduling, autoscaling -----------------------------------------------------
 
     def _capacity_reports(self) -> dict[str, Capacity]:
-        """Every `report_every` ticks (and on the first after a start) ask each backend for its
-        capacity (after the poll: what ended by then is free in it); a backend that cannot
-        answer keeps its last report."""
+        """Every `report_every` ticks (and on the first after a start) each backend's capacity
+        (keel.cluster.capacity), taken after the poll: what ended by then is free in it."""
         if self.ticks != self._first_tick and self.ticks % self.report_every:
             return {}
-        capacities = {}
-        for name, backend in self.backends.items():
-            try:
-                capacities[name] = backend.capacity()
-            except KeelError as error:  # keep the last report; retry next time
-                logger.warning("cluster %s reported no capacity: %s", name, error)
-        return capacities
+        return take_capacities(self.backends)
 
-    def _apply_capacities(self, capacities: dict[str, Capacity]) -> list[tuple]:
+    def _apply_capacities(self, capacities: dict[str, Capacity]) -> None:
         """Put the reports into the ledger (after reconciling: the jobs that ended then are
-        not leaving any more, their capacity is in the report); return the clusters table's
-        rows to write."""
-        reported = []
-        now = time.time()
+        not leaving any more, their capacity is in the report) and write them with the tick
+        number, inside the tick's transaction."""
         for name, capacity in capacities.items():
             self.ledger.report(name, capacity.free, self.ticks)
             self._leaving[name] = []
             self._totals[name] = dict(capacity.total)
-            reported.append(
-                (
-                    name,
-                    self.backends[name].name,
-                    self.regions.get(name, capacity.region),
-                    orjson.dumps(dict(capacity.total)).decode(),
-                    orjson.dumps(dict(capacity.free)).decode(),
-                    now,
-                    self.ticks,
-                )
-            )
-        return reported
+        if capacities:
+            write_capacities(self.database, capacities, self.backends, self.regions, self.ticks)
+        state.set_value(self.database, "tick", str(self.ticks))
 
     def _load_new(self) -> None:
         """Take in what job commands wrote since the last call (keel.cluster.feed): new jobs,
@@ -506,20 +486,6 @@ class Controller:
         self._write_ends()
         self._requeue()
         return launches, cancels
-
-    def _write_tick(self, reported: list[tuple]) -> None:
-        """The capacity reports and the tick number (inside the caller's transaction)."""
-        if reported:
-            self.database.executemany(
-                "INSERT INTO clusters "
-                "(name, backend, region, total, free, reported_at, reported_tick) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
-                "backend = excluded.backend, region = excluded.region, "
-                "total = excluded.total, free = excluded.free, "
-                "reported_at = excluded.reported_at, reported_tick = excluded.reported_tick",
-                reported,
-            )
-        state.set_value(self.database, "tick", str(self.ticks))
 
     def _launch(self, launches: list[tuple[dict[str, Any], JobSpec]]) -> None:
         """Launch recorded attempts (the dicts kept in memory, which the launcher updates);
