@@ -56,9 +56,15 @@ class Manifest:
 def load_manifest(directory: Path) -> Manifest | None:
     """The namespace's manifest, or None if the namespace has none yet."""
     try:
-        data = orjson.loads((directory / MANIFEST).read_bytes())
+        text = (directory / MANIFEST).read_bytes()
     except FileNotFoundError:
         return None
+    return parse_manifest(text)
+
+
+def parse_manifest(text: bytes) -> Manifest:
+    """A manifest from the bytes of its file."""
+    data = orjson.loads(text)
     schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(data["schema"])))
     return Manifest(
         namespace=data["namespace"],

@@ -14,7 +14,6 @@ their Parquet footers.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,22 +52,6 @@ class Snapshot:
         return self.directory / "segments"
 
 
-def open_database(root: Path, memory_bytes: int | None = None) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB for a store's queries: time zone UTC, files readable only under
-    `root`, at most `memory_bytes` of DuckDB memory for all queries together (None: DuckDB's
-    default, 80% of RAM). Each query runs on its own cursor (its own temporary views), ~4 ms
-    instead of the ~20 ms of a new database per query."""
-    database = duckdb.connect()
-    database.execute("SET GLOBAL TimeZone = 'UTC'")
-    database.execute("SET GLOBAL parquet_metadata_cache = true")  # segments are immutable
-    if memory_bytes is not None:
-        database.execute(f"SET memory_limit = '{int(memory_bytes)}B'")
-    allowed = f"{root}/".replace("'", "''")
-    database.execute(f"SET allowed_directories = ['{allowed}']")
-    database.execute("SET enable_external_access = false")
-    return database
-
-
 @dataclass
 class ScanReport:
     """How much of one namespace a query reads: segments and row groups in total, those read
@@ -87,49 +70,43 @@ class ScanReport:
         return dict(self.__dict__)
 
 
-def run_query(
-    sql: str,
-    database: duckdb.DuckDBPyConnection,
-    snapshots: Callable[[set[str] | None], dict[str, Snapshot]],
-    index_of: IndexLookup,
-    *,
-    execute: bool = True,
-    limits: QueryLimits | None = None,
-) -> tuple[pa.Table | None, list[ScanReport]]:
-    """Run `sql` (or with execute=False only plan it); return the result and what was read.
-
-    `snapshots(names)` gives the named namespaces (None: all of them, for their schemas).
-    `limits` (default QueryLimits()) caps the result's rows and bytes and the time taken: a timer
-    interrupts DuckDB at the deadline, and the result is fetched in batches and counted, so an
-    oversized result is refused before it is held in memory whole."""
-    limits = limits or QueryLimits()
-    connection = database.cursor()
-    deadline = time.monotonic() + limits.timeout_seconds
-    timer = threading.Timer(limits.timeout_seconds, connection.interrupt)
-    timer.daemon = True
-    timer.start()
-    try:
-        return _plan_and_run(sql, connection, snapshots, index_of, execute, limits, deadline)
-    except duckdb.InterruptException:
-        raise _over_time(limits) from None
-    finally:
-        timer.cancel()
-        connection.close()
+Planner = Callable[[str, dict[str, Snapshot]], planner.QueryPlan]  # (sql, every namespace) -> plan
 
 
-def _plan_and_run(
+@dataclass(frozen=True)
+class ViewDefinition:
+    """A namespace's view: its SQL over segment files, and the Arrow rows (WAL rows, or row
+    groups read by pyarrow) it also reads, registered as `rows_name` next to it."""
+
+    namespace: str
+    sql: str  # CREATE TEMP VIEW ... AS ...
+    rows_name: str | None = None
+    rows_schema: pa.Schema | None = None
+    rows: tuple[pa.Table, ...] = ()
+
+    def rows_table(self) -> pa.Table:
+        """The Arrow rows as one table (empty with the view's columns when there are none)."""
+        assert self.rows_schema is not None
+        return pa.concat_tables([self.rows_schema.empty_table(), *self.rows])
+
+
+ViewSetter = Callable[[list[ViewDefinition]], None]  # makes exactly these views current
+
+
+def plan_and_run(
     sql: str,
     connection: duckdb.DuckDBPyConnection,
+    plan: Planner,
+    set_views: ViewSetter,
     snapshots: Callable[[set[str] | None], dict[str, Snapshot]],
     index_of: IndexLookup,
     execute: bool,
     limits: QueryLimits,
     deadline: float,
 ) -> tuple[pa.Table | None, list[ScanReport]]:
-    every = snapshots(None)
-    schemas = {name: s.manifest.schema for name, s in every.items()}
-    times = {name: s.manifest.options.time_column for name, s in every.items()}
-    query_plan = planner.plan_query(connection, sql, schemas, times)
+    """Plan `sql`, make the views it needs current on `connection`, run it (unless `execute` is
+    False) within `limits` by `deadline` (time.monotonic() seconds)."""
+    query_plan = plan(sql, snapshots(None))
     current = snapshots(set(query_plan.tables)) if query_plan.tables else {}
     if query_plan.count is not None:
         snapshot = current[query_plan.count.namespace]
@@ -144,12 +121,18 @@ def _plan_and_run(
             )
             if not execute:
                 return None, [report]
+            set_views([])
             connection.register(planner.COUNTS_TABLE, counted)
-            return _execute(connection, query_plan.count.sql, limits, deadline), [report]
-    reports = [
-        _create_view(connection, position, scan, current[scan.namespace], index_of)
-        for position, scan in enumerate(query_plan.tables.values())
-    ]
+            try:
+                return _execute(connection, query_plan.count.sql, limits, deadline), [report]
+            finally:
+                connection.unregister(planner.COUNTS_TABLE)
+    views, reports = [], []
+    for scan in query_plan.tables.values():
+        view, report = view_definition(scan, current[scan.namespace], index_of)
+        views.append(view)
+        reports.append(report)
+    set_views(views)
     if not execute:
         return None, reports
     return _execute(connection, sql, limits, deadline), reports
@@ -163,7 +146,7 @@ def _execute(
     rows = size = 0
     try:
         if time.monotonic() >= deadline:
-            raise _over_time(limits)
+            raise over_time(limits)
         reader = connection.sql(sql).to_arrow_reader(RESULT_BATCH_ROWS)
         for batch in reader:
             rows += batch.num_rows
@@ -179,7 +162,7 @@ def _execute(
                     "select fewer columns, add a LIMIT or a narrower WHERE"
                 )
             if time.monotonic() >= deadline:
-                raise _over_time(limits)
+                raise over_time(limits)
             batches.append(batch)
         return pa.Table.from_batches(batches, schema=reader.schema)
     except (duckdb.IOException, duckdb.InterruptException):
@@ -193,7 +176,7 @@ def _execute(
         raise TelemetryQueryError(f"query failed: {one_line(error)}") from None
 
 
-def _over_time(limits: QueryLimits) -> QueryLimitError:
+def over_time(limits: QueryLimits) -> QueryLimitError:
     return QueryLimitError(
         f"the query ran longer than {limits.timeout_seconds:g} s (timeout_seconds): "
         "narrow its time range or WHERE, or add a LIMIT"
@@ -204,14 +187,10 @@ def _quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _create_view(
-    connection: duckdb.DuckDBPyConnection,
-    position: int,
-    scan: planner.TableScan,
-    snapshot: Snapshot,
-    index_of: IndexLookup,
-) -> ScanReport:
-    """Create the namespace's view over what its indexes leave; report what it reads."""
+def view_definition(
+    scan: planner.TableScan, snapshot: Snapshot, index_of: IndexLookup
+) -> tuple[ViewDefinition, ScanReport]:
+    """The namespace's view over what its indexes leave, and a report of what it reads."""
     schema = snapshot.manifest.schema
     columns = [c for c in schema.names if scan.columns is None or c in scan.columns]
     if not columns:
@@ -260,13 +239,14 @@ def _create_view(
             f"SELECT {selected} FROM read_parquet({_literal(path)}, file_row_number = true) "
             f"WHERE {rows}"
         )
+    rows_name = rows_schema = None
     if pieces or not parts:
-        rows_name = f"__keel_rows_{position}"
-        target = pa.schema([schema.field(c) for c in columns])
-        connection.register(rows_name, pa.concat_tables([target.empty_table(), *pieces]))
-        parts.append(f"SELECT {selected} FROM {rows_name}")
-    connection.execute(f"CREATE TEMP VIEW {_quote(scan.namespace)} AS {' UNION ALL '.join(parts)}")
-    return report
+        rows_name = f"__keel_rows_{scan.namespace}"
+        rows_schema = pa.schema([schema.field(c) for c in columns])
+        parts.append(f"SELECT {selected} FROM {_quote(rows_name)}")
+    sql = f"CREATE OR REPLACE TEMP VIEW {_quote(scan.namespace)} AS {' UNION ALL '.join(parts)}"
+    view = ViewDefinition(scan.namespace, sql, rows_name, rows_schema, tuple(pieces))
+    return view, report
 
 
 def _literal(text: str) -> str:

@@ -30,11 +30,12 @@ import orjson
 import pyarrow as pa
 
 from keel.core.flock import try_lock
-from keel.telemetry import compaction, segment, wal
+from keel.telemetry import compaction, segment
 from keel.telemetry.compaction import CompactionReport
-from keel.telemetry.manifest import Manifest, SegmentEntry, load_manifest
+from keel.telemetry.engine import QueryEngine
+from keel.telemetry.manifest import Manifest, SegmentEntry
 from keel.telemetry.namespace import NamespaceWriter
-from keel.telemetry.query import ScanReport, Snapshot, open_database, run_query
+from keel.telemetry.query import ScanReport, Snapshot
 from keel.telemetry.schema import (
     NamespaceOptions,
     QueryLimits,
@@ -46,6 +47,7 @@ from keel.telemetry.schema import (
     to_table,
 )
 from keel.telemetry.sidecar import SegmentIndex, load_index
+from keel.telemetry.snapshots import ManifestCache, read_snapshots
 from keel.telemetry.times import check_time_unit
 
 logger = logging.getLogger(__name__)
@@ -84,7 +86,8 @@ class TelemetryStore:
         self._stopping = False
         self._failure: BaseException | None = None
         self._last_compaction = time.monotonic()
-        self._duckdb: duckdb.DuckDBPyConnection | None = None
+        self._engine: QueryEngine | None = None
+        self._manifests = ManifestCache()  # parsed manifests, when reading as another process
 
     # -- public API -------------------------------------------------------------------------
 
@@ -175,9 +178,8 @@ class TelemetryStore:
     ) -> tuple[pa.Table | None, list[ScanReport]]:
         for attempt in range(3):
             try:
-                return run_query(
+                return self._query_engine().run(
                     sql,
-                    self._database(),
                     self._snapshots,
                     self._index,
                     execute=execute,
@@ -253,9 +255,9 @@ class TelemetryStore:
 
     def close(self, *, flush: bool = True) -> None:
         """Flush (unless told not to), stop the background thread, release the writer lock."""
-        if self._duckdb is not None:
-            self._duckdb.close()
-            self._duckdb = None
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
         if self._lock_fd < 0:
             return
         try:
@@ -382,32 +384,13 @@ class TelemetryStore:
                     for name, space in self._spaces.items()
                     if names is None or name in names
                 }
-        found = {}
-        if not self.root.is_dir():
-            return found
-        for directory in sorted(self.root.iterdir()):
-            if (names is not None and directory.name not in names) or not directory.is_dir():
-                continue
-            pending: list[tuple[int, list[pa.Table]]] = []
-            if names is not None:
-                for number in wal.generations(directory / "wal"):
-                    try:
-                        tables = wal.read_wal(wal.generation_path(directory / "wal", number)).tables
-                    except FileNotFoundError:
-                        continue  # flushed meanwhile: the manifest read below names its segment
-                    pending.append((number, tables))
-            manifest = load_manifest(directory)
-            if manifest is None:
-                continue
-            rows = tuple(t for n, ts in pending if n > manifest.flushed_generation for t in ts)
-            found[directory.name] = Snapshot(directory, manifest, rows)
-        return found
+        return read_snapshots(self.root, names, self._manifests)
 
-    def _database(self) -> duckdb.DuckDBPyConnection:
+    def _query_engine(self) -> QueryEngine:
         with self._state:
-            if self._duckdb is None:
-                self._duckdb = open_database(self.root, self.options.query_memory_bytes)
-            return self._duckdb
+            if self._engine is None:
+                self._engine = QueryEngine(self.root, self.options.query_memory_bytes)
+            return self._engine
 
     def _index(self, namespace: str, entry: SegmentEntry) -> SegmentIndex | None:
         key = (namespace, entry.name)
