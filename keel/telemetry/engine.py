@@ -35,6 +35,7 @@ from keel.telemetry.watchdog import Watchdog
 
 IDLE_CURSORS = 8  # cursors (with their views) kept between queries; more run at once are closed
 CACHED_PLANS = 256  # plans kept, least recently used dropped first
+CACHED_SQL_CHARS = 64 << 10  # longer queries are planned every time (the cache keeps their text)
 
 
 def open_database(root: Path, memory_bytes: int | None = None) -> duckdb.DuckDBPyConnection:
@@ -59,7 +60,7 @@ class Session:
 
     cursor: duckdb.DuckDBPyConnection
     planning: duckdb.DuckDBPyConnection
-    views: dict[str, ViewDefinition] = field(default_factory=dict)
+    views: dict[str, str] = field(default_factory=dict)  # namespace -> its view's SQL
     registered: set[str] = field(default_factory=set)  # Arrow rows registered for this query
 
     def set_views(self, views: list[ViewDefinition]) -> None:
@@ -73,11 +74,10 @@ class Session:
             if view.rows_name is not None:
                 self.cursor.register(view.rows_name, view.rows_table())
                 self.registered.add(view.rows_name)
-            held = self.views.get(view.namespace)
-            if held is None or held.sql != view.sql:
+            if self.views.get(view.namespace) != view.sql:
                 self.views.pop(view.namespace, None)
                 self.cursor.execute(view.sql)
-                self.views[view.namespace] = view
+                self.views[view.namespace] = view.sql
 
     def interrupt(self) -> None:
         """Stop what either cursor runs (the watchdog calls this at the deadline)."""
@@ -192,6 +192,8 @@ class QueryEngine:
         schemas = {name: schema for name, schema, _ in inputs}
         times = {name: column for name, _, column in inputs}
         made = planner.plan_query(cursor, sql, schemas, times)
+        if len(sql) > CACHED_SQL_CHARS:
+            return made
         with self._lock:
             self._plans[key] = made
             while len(self._plans) > CACHED_PLANS:
