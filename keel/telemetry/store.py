@@ -30,9 +30,10 @@ import orjson
 import pyarrow as pa
 
 from keel.core.flock import try_lock
-from keel.telemetry import compaction, segment
+from keel.telemetry import compaction
 from keel.telemetry.compaction import CompactionReport
 from keel.telemetry.engine import QueryEngine
+from keel.telemetry.indexes import SegmentIndexes
 from keel.telemetry.manifest import Manifest, SegmentEntry
 from keel.telemetry.namespace import NamespaceWriter
 from keel.telemetry.query import ScanReport, Snapshot
@@ -46,7 +47,7 @@ from keel.telemetry.schema import (
     check_storable,
     to_table,
 )
-from keel.telemetry.sidecar import SegmentIndex, load_index
+from keel.telemetry.sidecar import SegmentIndex
 from keel.telemetry.snapshots import ManifestCache, read_snapshots
 from keel.telemetry.times import check_time_unit
 
@@ -79,8 +80,7 @@ class TelemetryStore:
         self._state = threading.Condition(threading.RLock())
         self._work = threading.RLock()  # one flush, rebuild or compaction at a time
         self._spaces: dict[str, NamespaceWriter] = {}
-        self._indexes: dict[tuple[str, str], SegmentIndex] = {}
-        self._rebuild: set[tuple[str, str]] = set()
+        self._indexes = SegmentIndexes(self.root, self._state)
         self._lock_fd = -1
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -247,7 +247,7 @@ class TelemetryStore:
             self._rebuild_indexes()
             return
         with self._state:
-            while any(s.sealed for s in self._spaces.values()) or self._rebuild:
+            while any(s.sealed for s in self._spaces.values()) or self._indexes.stale:
                 self._raise_failure()
                 self._state.notify_all()
                 self._state.wait(0.1)
@@ -339,7 +339,7 @@ class TelemetryStore:
                 entry, index = space.write_oldest(self.options.row_group_rows)
                 with self._state:
                     done = space.commit_oldest(entry)
-                    self._indexes[(space.manifest.namespace, entry.name)] = index
+                    self._indexes.put(space.manifest.namespace, entry.name, index)
                     self._state.notify_all()
                 done.unlink(missing_ok=True)
 
@@ -352,7 +352,7 @@ class TelemetryStore:
             entry, index = space.merge(group, self.options.row_group_rows)
             with self._state:
                 space.commit_merge(group, entry, now)
-                self._indexes[(namespace, entry.name)] = index
+                self._indexes.put(namespace, entry.name, index)
             report.merged.setdefault(namespace, []).extend(s.name for s in group)
             report.written.setdefault(namespace, []).append(entry.name)
         old = space.expired(now)
@@ -365,7 +365,7 @@ class TelemetryStore:
             due = space.commit_forget(self.options.retire_grace_seconds, now)
         space.delete_files(due)
         for name in due:
-            self._indexes.pop((namespace, name), None)
+            self._indexes.forget(namespace, name)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -393,48 +393,11 @@ class TelemetryStore:
             return self._engine
 
     def _index(self, namespace: str, entry: SegmentEntry) -> SegmentIndex | None:
-        key = (namespace, entry.name)
-        cached = self._indexes.get(key)
-        if cached is not None and cached.checksum == entry.checksum:
-            return cached
-        path = segment.index_path(self.root / namespace / "segments", entry.name)
-        index = load_index(path, entry.checksum)
-        if index is not None:
-            self._indexes[key] = index
-            return index
-        logger.warning(
-            "index of segment %s/%s is missing or stale: scanning it", namespace, entry.name
-        )
-        if self._lock_fd >= 0:
-            with self._state:
-                self._rebuild.add(key)
-                self._state.notify_all()
-        return None
+        return self._indexes.lookup(namespace, entry, writer=self._lock_fd >= 0)
 
     def _rebuild_indexes(self) -> None:
         with self._work:
-            while True:
-                with self._state:
-                    if not self._rebuild:
-                        return
-                    namespace, name = next(iter(self._rebuild))
-                    space = self._spaces.get(namespace)
-                    entry = (
-                        next((s for s in space.manifest.segments if s.name == name), None)
-                        if space
-                        else None
-                    )
-                if entry is not None:
-                    index = segment.rebuild_index(
-                        space.directory / "segments",
-                        entry,
-                        space.manifest.options,
-                        space.manifest.schema,
-                    )
-                    self._indexes[(namespace, name)] = index
-                with self._state:
-                    self._rebuild.discard((namespace, name))
-                    self._state.notify_all()
+            self._indexes.rebuild(self._spaces)
 
     # -- background -------------------------------------------------------------------------
 
