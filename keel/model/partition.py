@@ -9,9 +9,13 @@
 | routed experts [L, E, d_e, f] / [L, E, f, d_e]       | expert on E, fsdp on the axis after E   |
 | norm scales [L, d], `final_norm` [d]                 | replicated (a few KB)                   |
 
-The stacked layer axis L is never split: `lax.scan` walks it. Where the fsdp size does not
-divide the axis named, the next axis that it divides is taken, and a leaf no axis of which it
-divides is replicated over fsdp. Nothing is ever split over `data`: it only splits the batch.
+Every leaf but the routed experts is also split over `expert` together with `fsdp` (the axis
+taken is split fsdp x expert ways): for them the expert axis is one more data-parallel axis,
+so an expert-parallel mesh does not hold a whole copy of attention and embeddings per device.
+The stacked layer axis L is never split: `lax.scan` walks it. Where the split does not divide
+the axis named, the next axis that it divides is taken; failing that, fsdp alone; a leaf no
+axis of which fsdp divides is replicated. Nothing is ever split over `data`: it only splits the
+batch.
 Gradients take their parameters' specs; optimizer state takes its parameters' specs (see
 keel.train.state_layout).
 """
@@ -31,20 +35,26 @@ STACKED = ("dense", "moe")
 
 def param_specs(params: Any, mesh: Mesh | None) -> Any:
     """The ModelParams tree (arrays or ShapeDtypeStructs) -> the same tree of PartitionSpecs."""
-    fsdp = axis_size(mesh, FSDP_AXIS)
+    fsdp, expert = axis_size(mesh, FSDP_AXIS), axis_size(mesh, EXPERT_AXIS)
 
     def spec(path: tuple, leaf: Any) -> PartitionSpec:
         names = [getattr(entry, "name", None) for entry in path]
-        axes: list[str | None] = [None] * leaf.ndim
+        axes: list[str | tuple[str, ...] | None] = [None] * leaf.ndim
         first = 1 if names[0] in STACKED else 0
+        splits: list[tuple[tuple[str, ...], int]] = [((FSDP_AXIS,), fsdp)]
         if "experts" in names:
             axes[first] = EXPERT_AXIS
             first += 1
+        elif expert > 1:
+            splits.insert(0, ((FSDP_AXIS, EXPERT_AXIS), fsdp * expert))
         if str(names[-1]).endswith("norm"):
             return PartitionSpec(*axes)
-        for axis in range(first, leaf.ndim):
-            if fsdp > 1 and leaf.shape[axis] % fsdp == 0:
-                axes[axis] = FSDP_AXIS
+        for mesh_axes, ways in splits:
+            if ways == 1:
+                continue
+            divisible = [a for a in range(first, leaf.ndim) if leaf.shape[a] % ways == 0]
+            if divisible:
+                axes[divisible[0]] = mesh_axes if len(mesh_axes) > 1 else mesh_axes[0]
                 break
         return PartitionSpec(*axes)
 

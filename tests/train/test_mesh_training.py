@@ -9,12 +9,14 @@ import shutil
 from dataclasses import replace
 
 import jax
+import jax.numpy as jnp
 import pytest
 from mesh_support import GANG_MESH, assert_same_losses, run, tiny_moe
 
 from keel.model.sharding import MeshConfig
 from keel.train.layout import HOST_MEMORY, initial_state, shard_bytes
 from keel.train.schedule import piecewise_lr
+from keel.train.step import build_step_functions
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +80,20 @@ def test_offloaded_optimizer_state_lives_in_host_memory_and_changes_nothing(
 ):
     config = tiny_moe(wikitext_cache)
     offloaded = replace(config, optimizer=replace(config.optimizer, offload_state=True))
-    state, _, layout = initial_state(offloaded, piecewise_lr(config.segments()), jax.devices()[:1])
-    kinds = {leaf.sharding.memory_kind for leaf in jax.tree.leaves(state.opt_state) if leaf.ndim}
-    assert kinds == {HOST_MEMORY} and layout.offloaded
+    state, optimizer, layout = initial_state(
+        offloaded, piecewise_lr(config.segments()), jax.devices()[:1]
+    )
+
+    def kinds(opt_state) -> set[str]:
+        return {leaf.sharding.memory_kind for leaf in jax.tree.leaves(opt_state) if leaf.ndim}
+
+    assert kinds(state.opt_state) == {HOST_MEMORY} and layout.offloaded
+    learning_rate = piecewise_lr(config.segments())
+    update = build_step_functions(
+        offloaded, optimizer, learning_rate, jnp.ones(512, jnp.int32), 0, layout
+    ).update
+    window = jnp.zeros((config.batch_size, config.phases[0].seq_len + 1), jnp.int32)
+    state, _ = update(state, window)
+    assert kinds(state.opt_state) == {HOST_MEMORY}  # back in host memory after the step
     got = run(offloaded, tmp_path, 1)
     assert [row["loss"] for row in got] == [row["loss"] for row in one_device_run]  # bit for bit
