@@ -14,7 +14,7 @@ The 2 x 4 gang is two copies of this script joined by jax.distributed over gloo
 CPU-sized batch (--batch, --seq-len) so a step takes seconds, not minutes.
 
     python benchmarks/mesh_bench.py [--presets tiny-moe,100m-moe] [--devices 1,4,8,2x4]
-        [--steps 5] [--repeats 1]
+        [--steps 5] [--repeats 1] [--skip replicated]
     python benchmarks/mesh_bench.py --smoke     # CI: tiny-moe, fsdp 2 x expert 2, 1 step
 
 The table goes to stdout, then one JSON line with every number; progress goes to stderr.
@@ -116,6 +116,8 @@ def _worker(args: argparse.Namespace) -> None:
     layouts = [GANG] if gang is not None else LAYOUTS[args.worker]
     if args.smoke:
         layouts = layouts[-1:]
+    if args.skip:
+        layouts = [(label, mesh) for label, mesh in layouts if args.skip not in label]
     results = []
     for preset_name in args.presets.split(","):
         batch = args.batch if preset_name != "tiny-moe" else 16
@@ -139,6 +141,7 @@ def _run_worker(args: argparse.Namespace, devices: int) -> list[dict]:
     argv = [sys.executable, __file__, "--worker", str(devices), "--presets", args.presets]
     argv += ["--steps", str(args.steps), "--batch", str(args.batch), "--seq-len", str(args.seq_len)]
     argv += ["--smoke"] if args.smoke else []
+    argv += ["--skip", args.skip] if args.skip else []
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "KEEL_DEVICES")}
     if devices == 0:  # the gang: two processes of four devices
         from keel.core.gang import free_port, gang_env
@@ -196,6 +199,9 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256, help="(not tiny-moe)")
     parser.add_argument(
         "--devices", default="1,4,8,2x4", help="device counts to run: of 1, 4, 8 and 2x4 (the gang)"
+    )
+    parser.add_argument(
+        "--skip", default="", help="leave out layouts whose name has this, e.g. replicated"
     )
     parser.add_argument("--smoke", action="store_true", help="tiny-moe, one 4-device layout")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from controller_support import tick_until
 
 from keel.cluster.backend import TaskLaunch, TaskState
 from keel.cluster.controller import Controller
@@ -37,17 +38,6 @@ def _probe(out: Path, *options: str, **changes) -> JobSpec:
 
 def _seen(out: Path) -> list[dict]:
     return [json.loads((out / f"{i}.json").read_text()) for i in range(2)]
-
-
-def _run_until(control: Controller, job: str, done, seconds: float = 120.0) -> dict:
-    deadline = time.monotonic() + seconds
-    while True:
-        control.tick()
-        status = job_status(control.database, job)
-        if done(status):
-            return status
-        assert time.monotonic() < deadline, status
-        time.sleep(0.1)
 
 
 def _coordinator(root: Path, job: str, attempt: int) -> str:
@@ -89,13 +79,13 @@ def test_a_member_killed_mid_run_fails_the_gang_and_the_retry_succeeds_on_a_fres
     control = Controller(root, {"local": LocalBackend(root / "tasks", max_cpus=2)})
     spec = _probe(out, "--sleep", "300", "--sleep-once", str(tmp_path / "slept"), max_retries=1)
     job = submit(control.database, spec)
-    _run_until(control, job, lambda _: (out / "0.json").exists() and (out / "1.json").exists())
+    tick_until(control, job, lambda _: (out / "0.json").exists() and (out / "1.json").exists())
     first = _seen(out)
     for path in out.iterdir():
         path.unlink()
     os.kill(first[1]["pid"], signal.SIGKILL)
     killed = time.monotonic()
-    status = _run_until(control, job, lambda s: s["state"] in ("succeeded", "failed"))
+    status = tick_until(control, job, lambda s: s["state"] in ("succeeded", "failed"))
     assert status["state"] == "succeeded" and status["failures"] == 1
     assert time.monotonic() - killed < 90  # the gang stopped and the retry ran in this time
     assert [task["attempt"] for task in status["tasks"]] == [2, 2]
@@ -123,7 +113,7 @@ def test_a_slurm_gang_finds_replica_0s_node_and_sums_over_both(slurm_cluster, tm
     backend = SlurmBackend(str(tmp_path / "slurm-logs"), partition=slurm_cluster.partition)
     control = Controller(root, {"slurm": backend})
     job = submit(control.database, _probe(out, workdir=str(tmp_path)))
-    status = _run_until(control, job, lambda s: s["state"] in ("succeeded", "failed"))
+    status = tick_until(control, job, lambda s: s["state"] in ("succeeded", "failed"))
     assert status["state"] == "succeeded", (status, slurm_cluster.log_tail())
     seen = _seen(out)
     assert [(s["sum"], s["devices"], s["processes"]) for s in seen] == [(36.0, 8, 2)] * 2
@@ -141,12 +131,12 @@ def test_a_slurm_gang_whose_member_is_killed_is_retried_as_a_unit(slurm_cluster,
     control = Controller(root, {"slurm": backend})
     sleep = ("--sleep", "300", "--sleep-once", str(tmp_path / "slept"))
     job = submit(control.database, _probe(out, *sleep, max_retries=1, workdir=str(tmp_path)))
-    _run_until(control, job, lambda _: (out / "0.json").exists() and (out / "1.json").exists())
+    tick_until(control, job, lambda _: (out / "0.json").exists() and (out / "1.json").exists())
     first = _seen(out)
     for path in out.iterdir():
         path.unlink()
     os.kill(first[1]["pid"], signal.SIGKILL)
-    status = _run_until(control, job, lambda s: s["state"] in ("succeeded", "failed"))
+    status = tick_until(control, job, lambda s: s["state"] in ("succeeded", "failed"))
     assert status["state"] == "succeeded" and status["failures"] == 1, status
     detail = control.database.execute(
         "SELECT detail FROM events WHERE job_id = ? AND kind = 'requeued'", (job,)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from controller_support import tick_until
 from mesh_support import FOUR_DEVICES, GANG_MESH, tiny_moe, write_config
 
 from keel.cluster.backend import TaskBackend
@@ -21,20 +22,9 @@ from keel.cluster.controller import Controller
 from keel.cluster.local import LocalBackend
 from keel.cluster.slurm import SlurmBackend
 from keel.cluster.spec import JobSpec
-from keel.cluster.state import job_status, submit
+from keel.cluster.state import submit
 
 KILL_AFTER_STEP = 12  # past the checkpoint at step 10
-
-
-def _tick_until(control: Controller, job: str, done, seconds: float = 280.0) -> dict:
-    deadline = time.monotonic() + seconds
-    while True:
-        control.tick()
-        status = job_status(control.database, job)
-        if done(status):
-            return status
-        assert time.monotonic() < deadline, status
-        time.sleep(0.2)
 
 
 def _steps_written(run_dir: Path) -> int:
@@ -65,13 +55,13 @@ def _kill_one_and_finish(backend: TaskBackend, tmp_path: Path, cache: str, want_
     control = Controller(tmp_path / "control", {backend.name: backend})
     try:
         job = submit(control.database, spec)
-        _tick_until(control, job, lambda _: _steps_written(run_dir) >= KILL_AFTER_STEP)
+        tick_until(control, job, lambda _: _steps_written(run_dir) >= KILL_AFTER_STEP, 280)
         victim, survivor = _member(config_file, 1), _member(config_file, 0)
         victim.send_signal(signal.SIGKILL)
         killed = time.monotonic()
-        status = _tick_until(control, job, lambda _: not survivor.is_running(), seconds=60)
+        status = tick_until(control, job, lambda _: not survivor.is_running(), seconds=60)
         assert time.monotonic() - killed < 60, status
-        status = _tick_until(control, job, lambda s: s["state"] in ("succeeded", "failed"))
+        status = tick_until(control, job, lambda s: s["state"] in ("succeeded", "failed"), 280)
         assert status["state"] == "succeeded" and status["failures"] == 1, status
         events = control.database.execute(
             "SELECT detail FROM events WHERE job_id = ? AND kind = 'requeued'", (job,)
