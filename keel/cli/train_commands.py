@@ -73,8 +73,7 @@ def train_command(
     Examples:
       keel train --preset tiny-moe --steps 200
       keel train run.yaml --set optimizer.name=muon --output runs/muon
-      XLA_FLAGS=--xla_force_host_platform_device_count=4 keel train --preset tiny-moe \
-          --processes 2 --set mesh.fsdp=2 --set mesh.expert=4 --steps 20 --output runs/a
+      keel train --preset tiny-moe --processes 2 --set mesh.expert=2 --output runs/a
       keel train --preset 535b-a23b --plan --devices 64
     """
     config, name = load_train_config(config_file, preset_name, overrides)
