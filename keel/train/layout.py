@@ -98,13 +98,15 @@ def plan_layout(
     mesh = build_mesh(config.mesh, devices)
     params = jax.eval_shape(lambda: init_params(jax.random.key(0), config.model))
     params_layout = param_shardings(params, mesh)
-    kind = HOST_MEMORY if config.optimizer.offload_state else None
-    opt_host = _opt_shardings(optimizer, params, param_shardings(params, mesh, kind), mesh)
     opt_device = _opt_shardings(optimizer, params, params_layout, mesh)
+    opt_kept = opt_device
+    if config.optimizer.offload_state:
+        in_host = param_shardings(params, mesh, HOST_MEMORY)
+        opt_kept = _opt_shardings(optimizer, params, in_host, mesh)
     whole = replicated(mesh)
     state = TrainState(
         params=params_layout,
-        opt_state=opt_host,
+        opt_state=opt_kept,
         router_bias=None if init_router_bias(config.model) is None else whole,
         step=whole,
         rng=whole,
