@@ -14,16 +14,15 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import orjson
 import typer
 from rich.table import Table
 
 from keel.cli.output import print_json, stderr, stdout, user_errors
-from keel.cluster import daemon, state
-from keel.cluster.api import ControllerClient
+from keel.cluster import state
 from keel.cluster.config import load_federation
-from keel.cluster.logs import follow_file, output_file
 from keel.cluster.spec import (
     JobSpec,
     Priority,
@@ -32,6 +31,13 @@ from keel.cluster.spec import (
     parse_device,
 )
 from keel.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from keel.cluster.api import ControllerClient
+
+# The controller (keel.cluster.daemon), its HTTP client and the log follower pull in the
+# telemetry store, starlette and DuckDB: they are imported by the commands that use them, so
+# `keel job --help` and `keel job status` start without them.
 
 DEFAULT_ROOT = "keel-out/cluster"
 cluster_app = typer.Typer(
@@ -82,6 +88,8 @@ def start_command(
       keel cluster start
       keel cluster start --config clusters.yaml --root /shared/keel-cluster --port 8471
     """
+    from keel.cluster import daemon
+
     load_federation(config)  # a bad config fails here, as one line
     if daemon.running_controller(Path(root)) is not None:  # else the lock in daemon.run decides
         raise daemon.ControllerRunning(
@@ -104,6 +112,8 @@ def stop_command(root: str = ROOT) -> None:
 
     Example: keel cluster stop
     """
+    from keel.cluster import daemon
+
     running = daemon.running_controller(Path(root))
     if running is None:
         stderr.print(f"no controller runs for {root}")
@@ -125,6 +135,8 @@ def status_command(root: str = ROOT, as_json: bool = JSON) -> None:
 
     Example: keel cluster status --json
     """
+    from keel.cluster import daemon
+
     database = state.connect(Path(root) / "state.db")
     clusters = [dict(row) for row in database.execute("SELECT * FROM clusters ORDER BY name")]
     for cluster in clusters:
@@ -184,6 +196,8 @@ def run_command(
       keel job run --cpus 4 --replicas 2 --priority production -- ./eval.sh
       keel job run --device h100:8 --region us -- python -m keel train run.yaml
     """
+    from keel.cluster import daemon
+
     command = tuple(context.args)
     if entry is not None:
         command = entry_point_command(entry, command)
@@ -206,7 +220,7 @@ def run_command(
         workdir=str(Path.cwd()),
     ).validate(check_command=controller is None)
     if controller is not None:
-        typer.echo(ControllerClient(controller, token).submit(spec))
+        typer.echo(_client(controller, token).submit(spec))
         return
     database = state.connect(Path(root) / "state.db")
     _check_known_devices(database, spec, config)
@@ -263,8 +277,10 @@ def logs_command(
 
     Example: keel job logs j-000001 --follow
     """
+    from keel.cluster.logs import follow_file, output_file
+
     if controller is not None:
-        _remote_logs(ControllerClient(controller, token), job_id, replica, errors, follow)
+        _remote_logs(_client(controller, token), job_id, replica, errors, follow)
         return
     database = state.connect(Path(root) / "state.db")
     deadline = time.monotonic() + 30
@@ -305,7 +321,7 @@ def cancel_command(
     Example: keel job cancel j-000001
     """
     if controller is not None:
-        after = ControllerClient(controller, token).cancel(job_id)
+        after = _client(controller, token).cancel(job_id)
     else:
         after = state.request_cancel(state.connect(Path(root) / "state.db"), job_id)
     stdout.print(f"{job_id}: {'cancelled' if after == 'cancelled' else 'cancel requested'}")
@@ -313,7 +329,7 @@ def cancel_command(
 
 def _status(job_id: str, root: str, controller: str | None, token: str | None) -> dict:
     if controller is not None:
-        return ControllerClient(controller, token).status(job_id)
+        return _client(controller, token).status(job_id)
     return state.job_status(state.connect(Path(root) / "state.db"), job_id)
 
 
@@ -350,3 +366,9 @@ def _check_known_devices(database: sqlite3.Connection, spec: JobSpec, config: st
 
 def _amounts(amounts: dict[str, float]) -> str:
     return ", ".join(f"{kind} {value:g}" for kind, value in sorted(amounts.items())) or "-"
+
+
+def _client(url: str, token: str | None) -> ControllerClient:
+    from keel.cluster.api import ControllerClient
+
+    return ControllerClient(url, token)

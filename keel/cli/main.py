@@ -1,27 +1,137 @@
-"""Entry point of the `keel` command: the typer app and its sub-commands."""
+"""Entry point of the `keel` command: the typer app, whose sub-commands load when they run.
+
+`keel --help` and `keel job status` must start in a fraction of a second, while `keel train`
+needs jax, orbax and the model. So the top-level commands are listed in COMMANDS with the one
+line `keel --help` shows, and a command's module (and whatever heavy library it imports) is
+imported only when that command runs or prints its own help. tests/cli/test_lazy_cli.py checks
+that each listed line equals the loaded command's own help, so the two cannot drift.
+"""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from difflib import get_close_matches
+from typing import TYPE_CHECKING
 
 import typer
+import typer.main
+from typer.core import TyperCommand, TyperGroup
+
+if TYPE_CHECKING:  # typer >= 0.24 carries its own copy of click
+    from typer._click import Command, Context, HelpFormatter
 
 from keel import __version__
-from keel.cli import (
-    cluster_commands,
-    data_commands,
-    logs_commands,
-    scaling_commands,
-    screen_commands,
-    steps_commands,
-    sweep_commands,
-    train_commands,
-)
 from keel.core.log import setup_logging
+
+
+@dataclass(frozen=True)
+class LazyCommand:
+    """A top-level command: the module whose `register(app)` adds it, and its help line."""
+
+    module: str
+    help: str
+
+
+COMMANDS: dict[str, LazyCommand] = {
+    "run": LazyCommand(
+        "steps_commands",
+        "Run the steps an experiment file declares; committed steps are reused, not re-run.",
+    ),
+    "status": LazyCommand(
+        "steps_commands", "List the steps under a prefix: state, age and output path."
+    ),
+    "quickstart": LazyCommand(
+        "steps_commands",
+        "Run the main job end to end on the bundled sample (keel/experiments/quickstart.py).",
+    ),
+    "train": LazyCommand(
+        "train_commands",
+        "Train a model; running the same command again resumes from the last checkpoint.",
+    ),
+    "data": LazyCommand(
+        "data_commands", "DataKit: raw documents -> deduplicated, decontaminated training tokens."
+    ),
+    "scaling": LazyCommand(
+        "scaling_commands",
+        "Scaling-law fits (Hoffmann et al. 2022) from a CSV of runs: params, tokens, loss "
+        "[, flops]; see docs/scaling.md.",
+    ),
+    "cluster": LazyCommand("cluster_commands", "Run and inspect the job controller."),
+    "job": LazyCommand("cluster_commands", "Submit, inspect and cancel jobs on the controller."),
+    "logs": LazyCommand(
+        "logs_commands",
+        "Telemetry: namespaced tables of rows (metrics, task logs) in indexed Parquet segments, "
+        "queried with SQL. Use a store directory (--root) or a server (--url, see `keel logs "
+        "serve`).",
+    ),
+}
+
+
+def _register_scaling(app: typer.Typer) -> None:
+    """`keel scaling` with the sweep, ladder and screen commands of its sibling modules."""
+    from keel.cli import scaling_commands, screen_commands, sweep_commands
+
+    sweep_commands.register(scaling_commands.app)
+    screen_commands.register(scaling_commands.app)
+    scaling_commands.register(app)
+
+
+def _registrar(module: str) -> Callable[[typer.Typer], None]:
+    if module == "scaling_commands":
+        return _register_scaling
+    return importlib.import_module(f"keel.cli.{module}").register
+
+
+class LazyGroup(TyperGroup):
+    """The top-level group: lists COMMANDS from the table, imports a command's module on use."""
+
+    _listing = False
+
+    def list_commands(self, ctx: Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        if self._listing:  # `keel --help`: the table's line, nothing imported
+            return TyperCommand(cmd_name, help=COMMANDS[cmd_name].help)
+        if cmd_name not in self.commands:
+            self._load(COMMANDS[cmd_name].module)
+        return self.commands[cmd_name]
+
+    def resolve_command(
+        self, ctx: Context, args: list[str]
+    ) -> tuple[str | None, Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name not in COMMANDS and not name.startswith("-") and not ctx.resilient_parsing:
+            matches = ", ".join(repr(match) for match in get_close_matches(name, list(COMMANDS)))
+            hint = f" Did you mean {matches}?" if matches else ""
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
+
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+    def _load(self, module: str) -> None:
+        """Register every command `module` adds (steps_commands adds three) into this group."""
+        staging = typer.Typer(pretty_exceptions_enable=False, rich_markup_mode="rich")
+        _registrar(module)(staging)
+        loaded = typer.main.get_group(staging)
+        for name, command in loaded.commands.items():
+            self.commands.setdefault(name, command)
+
 
 app = typer.Typer(
     name="keel",
+    cls=LazyGroup,
     help="keel: train language models end to end, from raw documents to scaling-law fits.\n\n"
     "Start with `keel quickstart`; see `keel COMMAND --help` for each command.",
     no_args_is_help=True,
@@ -29,14 +139,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-steps_commands.register(app)
-data_commands.register(app)
-scaling_commands.register(app)
-sweep_commands.register(scaling_commands.app)
-screen_commands.register(scaling_commands.app)
-train_commands.register(app)
-cluster_commands.register(app)
-logs_commands.register(app)
 
 
 def _version(show: bool) -> None:

@@ -12,21 +12,10 @@ from typer.testing import CliRunner
 
 from keel.cli import scaling_commands
 
-# Runs `keel` with the scaling group registered even before keel/cli/main.py registers it.
-SHIM = (
-    "import sys; from keel.cli.main import app; from keel.cli import scaling_commands as s\n"
-    "if not any(g.name == 'scaling' for g in app.registered_groups): s.register(app)\n"
-    "sys.argv[0] = 'keel'; app()"
-)
-
 
 def keel(*args: str) -> subprocess.CompletedProcess:
-    from keel.cli.main import app
-
-    registered = any(group.name == "scaling" for group in app.registered_groups)
-    command = ["-m", "keel"] if registered else ["-c", SHIM]
     return subprocess.run(
-        [sys.executable, *command, *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "keel", *args], capture_output=True, text=True, timeout=120
     )
 
 
