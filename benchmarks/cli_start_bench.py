@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from io import BytesIO
 from pathlib import Path
@@ -83,10 +84,16 @@ def extract_revision(revision: str, into: Path) -> Path:
 
 
 def _keel(env: dict[str, str], args: list[str], check: bool = False) -> float:
-    """Seconds from spawning `python -m keel ARGS` to its exit."""
+    """Seconds from spawning `python -m keel ARGS` to its exit. It runs in the system's
+    temporary directory: `python -m` puts the working directory first on sys.path, and this
+    checkout's keel must not shadow the tree PYTHONPATH names."""
     started = time.perf_counter()
     result = subprocess.run(
-        [sys.executable, "-m", "keel", *args], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "keel", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),
     )
     seconds = time.perf_counter() - started
     if result.returncode != 0 and check:
