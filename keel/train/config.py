@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from keel.core import paths
 from keel.core.errors import ConfigError
 from keel.model.config import ModelConfig
 from keel.model.sharding import MeshConfig
@@ -20,6 +21,11 @@ from keel.train.optim import OptimizerConfig
 from keel.train.schedule import ScheduleConfig, Segment
 
 logger = logging.getLogger(__name__)
+
+
+def cache_name(path: str) -> str:
+    """A token cache's name in the metrics (`eval/<name>/bpb`): its directory's name."""
+    return paths.local_path(path).name if paths.is_local(path) else path
 
 
 @dataclass(frozen=True)
@@ -138,10 +144,8 @@ class TrainConfig:
                 f"eval_names names {len(self.eval_names)} sets, eval_data has "
                 f"{len(self.eval_data)}: give one name per eval_data cache, or none"
             )
-        names = self.eval_names or tuple(
-            cache.rstrip("/").rsplit("/", 1)[-1] for cache in self.eval_data
-        )
-        for name in names:
+        names = self.eval_names or tuple(cache_name(cache) for cache in self.eval_data)
+        for name in self.eval_names:
             if not name or "/" in name:
                 raise ConfigError(f"eval set name {name!r} must be non-empty and have no '/'")
         repeated = sorted({name for name in names if names.count(name) > 1})

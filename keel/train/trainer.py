@@ -34,7 +34,7 @@ from keel.model.size import flops_per_token
 from keel.steps.context import step_output
 from keel.telemetry.sink import TARGET_ENV, MetricsSink
 from keel.train.checkpoint import Checkpoints, TrainState
-from keel.train.config import Phase, TrainConfig
+from keel.train.config import Phase, TrainConfig, cache_name
 from keel.train.layout import RunLayout, initial_state, place_batch
 from keel.train.loader import MixtureLoader, WindowRange, check_cache, scored_batches, split_windows
 from keel.train.peak import device_peak
@@ -189,7 +189,7 @@ def open_run_data(config: TrainConfig) -> RunData:
             sources.append((train_range, source.weight))
             if config.eval_fraction > 0:
                 _, held_out = split_windows(cache(source.cache), eval_seq_len, config.eval_fraction)
-                _add_eval_set(eval_sets, _cache_name(source.cache), EvalSet(held_out, whole=False))
+                _add_eval_set(eval_sets, cache_name(source.cache), EvalSet(held_out, whole=False))
         loader = MixtureLoader(sources, config.batch_size, seed=config.seed * 1009 + index)
         plans.append(PhasePlan(phase, segment.start_step, segment.steps, loader))
     for path, name in zip(config.eval_data, config.eval_set_names(), strict=True):
@@ -317,11 +317,6 @@ def _add_eval_set(eval_sets: dict[str, EvalSet], name: str, eval_set: EvalSet) -
         )
     if previous is None or eval_set.whole:
         eval_sets[name] = eval_set
-
-
-def _cache_name(path: str) -> str:
-    """A training cache's name in the metrics: its directory's name."""
-    return paths.local_path(path).name if paths.is_local(path) else path
 
 
 def _dtype(config: TrainConfig) -> jnp.dtype:
