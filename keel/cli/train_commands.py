@@ -1,8 +1,10 @@
 """`keel train`: train a dense or MoE model from a config file or a preset.
 
-With no data named, the run trains on the bundled sample's token cache, built on first use by
-the quickstart's data steps under --prefix (cached there like any step, so `keel quickstart`
-and `keel train` share it).
+`--data PATH` trains on your own text (or a token cache) and `--eval-data PATH` evaluates on
+more: keel/train/own_text.py tokenizes text as a cached step under --prefix. With no data named,
+the run trains on the bundled sample's token cache, built on first use by the quickstart's data
+steps under --prefix (cached there like any step, so `keel quickstart` and `keel train` share
+it).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from keel.steps import all_steps, load_experiment, output_path, run
 from keel.train.config import TrainConfig
 from keel.train.distributed import check_shared_directory, initialize_from_env, process_label
 from keel.train.layout import check_mesh, run_devices
+from keel.train.own_text import ResolvedData, eval_names, with_eval_data, with_training_data
 from keel.train.presets import PRESETS, preset
 from keel.train.trainer import train
 
@@ -53,6 +56,23 @@ def train_command(
     steps: int | None = typer.Option(
         None, "--steps", min=1, help="Total steps of the run (the schedule follows)."
     ),
+    data: str | None = typer.Option(
+        None,
+        "--data",
+        help="Train on this: a .txt file (one document), .jsonl/.parquet files (`text`), a "
+        "directory of them, or a token cache. Text is tokenized once (cached under --prefix).",
+    ),
+    eval_data: list[str] = typer.Option(
+        [],
+        "--eval-data",
+        help="Evaluate on this (repeatable; text or a cache, in the training tokenizer); the "
+        "final evaluation scores all of it as eval/<file stem>/bpb.",
+    ),
+    tokenizer: str | None = typer.Option(
+        None,
+        "--tokenizer",
+        help="With --data text: encode with this tokenizer.json instead of training a BPE.",
+    ),
     processes: int = typer.Option(
         1,
         "--processes",
@@ -71,6 +91,7 @@ def train_command(
     """Train a model; running the same command again resumes from the last checkpoint.
 
     Examples:
+      keel train --preset tiny-dense --data train.txt --eval-data val.txt
       keel train --preset tiny-moe --steps 200
       keel train run.yaml --set optimizer.name=muon --output runs/muon
       keel train --preset tiny-moe --processes 2 --set mesh.expert=2 --output runs/a
@@ -80,23 +101,35 @@ def train_command(
     if steps is not None:
         config = replace(config, steps=steps)
     config.validate()
+    eval_names(eval_data)  # two sets of one name: an error before anything runs
+    if tokenizer is not None and data is None:
+        raise UsageError("--tokenizer goes with --data (the text it encodes)")
     if plan:
         _print_plan(config, devices, as_json)
         return
     if devices is not None:
         raise UsageError("--devices goes with --plan; a run uses the devices it sees")
+    if data is not None:
+        config, resolved = with_training_data(config, data, prefix, tokenizer)
+        _report_data([resolved])
     needs_sample = not config.data and not all(phase.mixture for phase in config.phases)
     output = output or paths.join(prefix, f"train-{name}")
     quiet = False
     if processes > 1 and REPLICAS not in os.environ:
-        if needs_sample:
-            bundled_cache(prefix)  # built once here; the members find it cached
+        if needs_sample:  # built once here; the members find it (and the eval sets) cached
+            config = config.with_data((bundled_cache(prefix),))
+        if eval_data:
+            _report_data(with_eval_data(config, eval_data, prefix)[1])
         _run_gang(processes)
         return
     gang = initialize_from_env()
     check_mesh(config, len(run_devices()))  # before the sample is built or anything compiled
     if needs_sample:
         config = config.with_data((bundled_cache(prefix),))
+    if eval_data:
+        config, evaluated = with_eval_data(config, eval_data, prefix)
+        if gang is None:
+            _report_data(evaluated)
     if gang is not None:
         check_shared_directory(output, gang)
         stderr.print(f"{process_label(gang)} of the gang at {gang.coordinator}")
@@ -137,6 +170,11 @@ def train_command(
         f"trained {output} to step {last['step']}{resumed}: loss {last['loss']:.3f}{evaluation}\n"
         f"metrics: {paths.join(output, 'metrics.jsonl')}"
     )
+
+
+def _report_data(resolved: list[ResolvedData]) -> None:
+    for item in resolved:
+        stderr.print(f"data: {item.path} -> {item.cache} ({item.outcome})", highlight=False)
 
 
 def _run_gang(processes: int) -> None:

@@ -203,7 +203,11 @@ def _tokenize_into(
         special = (config.eos_token, *config.special_tokens)
         trained = train_tokenizer(iter(texts), config.vocab_size, special, config.min_frequency)
         data = tokenizer_json(trained)
-        report.details["tokenizer"] = {"trained_on_bytes": texts.bytes, "documents": texts.count}
+        report.details["tokenizer"] = {
+            "trained_on_bytes": texts.bytes,
+            "documents": texts.count,
+            "requested_vocab_size": config.vocab_size,
+        }
     tokenizer = _parse(data, config.tokenizer_path or TOKENIZER_FILE)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     eos_id = tokenizer.token_to_id(config.eos_token)

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from keel.core import paths
 from keel.core.errors import ConfigError
 from keel.model.config import ModelConfig
 from keel.model.sharding import MeshConfig
@@ -20,6 +21,11 @@ from keel.train.optim import OptimizerConfig
 from keel.train.schedule import ScheduleConfig, Segment
 
 logger = logging.getLogger(__name__)
+
+
+def cache_name(path: str) -> str:
+    """A token cache's name in the metrics (`eval/<name>/bpb`): its directory's name."""
+    return paths.local_path(path).name if paths.is_local(path) else path
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,13 @@ class TrainConfig:
     eval_fraction: float = 0.05
     """The last fraction of each training cache's windows is held out for evaluation."""
     eval_data: tuple[str, ...] = ()
-    """Further token caches evaluated whole (bits per byte) alongside the held-out windows."""
+    """Further token caches evaluated (bits per byte) alongside the held-out windows: at most
+    eval_batches batches at intermediate evaluations, the whole cache at the final one (every
+    token after the first scored once, the last partial window included)."""
+    eval_names: tuple[str, ...] = field(default=(), metadata={"identity": False})
+    """The name of each eval_data cache in the metrics (`eval/<name>/bpb`), in order; empty:
+    each cache directory's name. `keel train --eval-data FILE` names a set by FILE's stem. Not
+    part of the run's identity: it labels the numbers, it does not change them."""
     eval_every: int = 100
     eval_batches: int = 8
     """Batches per evaluation and cache (at most)."""
@@ -121,8 +133,28 @@ class TrainConfig:
             for source in phase.mixture or self.data:
                 if source.weight <= 0:
                     raise ConfigError(f"phase {phase.name!r}: weight of {source.cache} must be > 0")
+        self.eval_set_names()
         self.segments()
         return self
+
+    def eval_set_names(self) -> tuple[str, ...]:
+        """The metric name of each eval_data cache (eval_names, or the directory's name)."""
+        if self.eval_names and len(self.eval_names) != len(self.eval_data):
+            raise ConfigError(
+                f"eval_names names {len(self.eval_names)} sets, eval_data has "
+                f"{len(self.eval_data)}: give one name per eval_data cache, or none"
+            )
+        names = self.eval_names or tuple(cache_name(cache) for cache in self.eval_data)
+        for name in self.eval_names:
+            if not name or "/" in name:
+                raise ConfigError(f"eval set name {name!r} must be non-empty and have no '/'")
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ConfigError(
+                f"two eval sets are named {repeated[0]!r}: their eval/{repeated[0]}/bpb would "
+                "clash; rename one (eval_names, or the file)"
+            )
+        return names
 
     def phase_steps(self) -> list[int]:
         """Steps of each phase, in order."""

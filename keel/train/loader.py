@@ -151,13 +151,20 @@ def split_windows(
 
 def check_cache(path: str, vocab_size: int) -> TokenCache:
     """Open a token cache for a model with `vocab_size` ids, before anything compiles.
-    UsageError when it is missing or not a cache; ConfigError when its vocabulary differs."""
+    UsageError when it is missing or not a cache; ConfigError when its vocabulary differs. A
+    cache of fewer ids than the model's passes when its tokenizer could not learn more (a BPE
+    trained on a small text stops early): the model's extra ids are never seen, as in a padded
+    vocabulary."""
     if not paths.exists(path):
         raise UsageError(
             f"token cache {path} does not exist: check the path, or make it with keel data tokenize"
         )
     cache = TokenCache(path)
-    if cache.manifest.vocab_size != vocab_size:
+    requested = cache.manifest.details.get("tokenizer", {}).get("requested_vocab_size")
+    fits = cache.manifest.vocab_size == vocab_size or (
+        requested == vocab_size and cache.manifest.vocab_size < vocab_size
+    )
+    if not fits:
         raise ConfigError(
             f"cache {cache.path} was tokenized with a vocabulary of {cache.manifest.vocab_size} "
             f"ids, the model has {vocab_size}: retokenize or set model.vocab_size"
@@ -324,3 +331,68 @@ def eval_batches(
             return
         stop = min(start + batch_size, window_range.stop)
         yield read_windows(cache, np.arange(start, stop, dtype=np.int64), window_range.seq_len)
+
+
+def scored_batches(
+    window_range: WindowRange,
+    batch_size: int,
+    max_batches: int | None = None,
+    *,
+    tail: bool = False,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The windows of a range in order as (windows [batch_size, seq_len + 1] int32, weights
+    [batch_size, seq_len] float32: 1 for each target to score, 0 for padding), at most
+    `max_batches` batches (None: all). With `tail` the cache's tokens after the range's last
+    window (fewer than seq_len + 1, the range must end at the cache's last window) come too, as
+    one zero-padded row whose padding weighs 0, when every window of the range was yielded: the
+    whole cache's windows plus the tail score every token after the first exactly once."""
+    cache = TokenCache(window_range.cache)
+    seq_len = window_range.seq_len
+    pending: tuple[np.ndarray, np.ndarray] | None = None  # held back: the tail may join it
+    read = 0
+    for batch in eval_batches(window_range, batch_size, max_batches):
+        if pending is not None:
+            yield _padded(*pending, batch_size)
+        pending = batch, np.ones((len(batch), seq_len), np.float32)
+        read += len(batch)
+    last = _tail_row(cache, window_range) if tail and read == len(window_range) else None
+    if last is not None:
+        if pending is not None and len(pending[0]) < batch_size:
+            pending = np.concatenate([pending[0], last[0]]), np.concatenate([pending[1], last[1]])
+        else:
+            if pending is not None:
+                yield _padded(*pending, batch_size)
+            pending = last
+    if pending is not None:
+        yield _padded(*pending, batch_size)
+
+
+def _padded(
+    windows: np.ndarray, weights: np.ndarray, batch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows padded to `batch_size` with zero windows that weigh 0."""
+    out = np.zeros((batch_size, windows.shape[1]), np.int32)
+    out_weights = np.zeros((batch_size, weights.shape[1]), np.float32)
+    out[: len(windows)] = windows
+    out_weights[: len(weights)] = weights
+    return out, out_weights
+
+
+def _tail_row(cache: TokenCache, window_range: WindowRange) -> tuple[np.ndarray, np.ndarray] | None:
+    """The tokens after the cache's last whole window as ([1, seq_len + 1] zero-padded window,
+    [1, seq_len] weights of its real targets), or None when they hold no target."""
+    seq_len = window_range.seq_len
+    if window_range.stop != cache.num_windows(seq_len):
+        raise ConfigError(
+            f"windows [{window_range.start}, {window_range.stop}) of {cache.path} stop before its "
+            f"last window ({cache.num_windows(seq_len)}): only a range to the end has a tail"
+        )
+    start = window_range.stop * seq_len
+    tokens = cache.slice(start, cache.total_tokens)
+    if len(tokens) < 2:
+        return None
+    window = np.zeros((1, seq_len + 1), np.int32)
+    window[0, : len(tokens)] = tokens
+    weights = np.zeros((1, seq_len), np.float32)
+    weights[0, : len(tokens) - 1] = 1.0
+    return window, weights

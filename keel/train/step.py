@@ -2,9 +2,10 @@
 
 `update(state, window)` takes a batch of windows [batch, seq + 1], runs forward and backward,
 applies the optimizer, and moves the router bias from the step's observed load (outside the
-gradient). `evaluate(params, router_bias, window, rows)` sums nats and target bytes for bits per
-byte. Both are pure functions of their inputs, compiled for the run's layout (layout.py): the
-batch split over every device, the state in its shardings; with the optimizer state offloaded,
+gradient). `evaluate(params, router_bias, window, weights)` sums nats and target bytes of the
+targets that `weights` selects (padding rows and padded tails weigh 0) for bits per byte. Both
+are pure functions of their inputs, compiled for the run's layout (layout.py): the batch split
+over every device, the state in its shardings; with the optimizer state offloaded,
 `update` moves it onto the devices for the step and back to host memory after.
 """
 
@@ -32,7 +33,8 @@ class StepFunctions:
     update: Callable
     """(TrainState, window [batch, seq+1] int32) -> (TrainState, metrics dict of arrays)"""
     evaluate: Callable
-    """(params, router_bias, window, rows [batch] float32) -> (nats, bytes, targets) sums"""
+    """(params, router_bias, window [batch, seq+1] int32, weights [batch, seq] float32: 1 for a
+    target to score, 0 for padding) -> (nats, bytes, targets) sums over the scored targets"""
 
 
 def build_step_functions(
@@ -96,10 +98,10 @@ def build_step_functions(
         new_state = TrainState(params, opt_state, bias, state.step + 1, state.rng)
         return new_state, metrics
 
-    def evaluate(params, router_bias, window, rows):
+    def evaluate(params, router_bias, window, weights):
         inputs, targets = window[:, :-1], window[:, 1:]
         logits, _ = run_model(params, router_bias, inputs)
-        mask = target_mask(inputs, masked_eos) * rows[:, None]
+        mask = target_mask(inputs, masked_eos) * weights
         parts = cross_entropy(logits, targets, mask)
         target_bytes = (token_bytes[targets] * mask).sum()
         return parts.nats, target_bytes, parts.targets

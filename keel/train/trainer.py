@@ -34,9 +34,9 @@ from keel.model.size import flops_per_token
 from keel.steps.context import step_output
 from keel.telemetry.sink import TARGET_ENV, MetricsSink
 from keel.train.checkpoint import Checkpoints, TrainState
-from keel.train.config import Phase, TrainConfig
+from keel.train.config import Phase, TrainConfig, cache_name
 from keel.train.layout import RunLayout, initial_state, place_batch
-from keel.train.loader import MixtureLoader, WindowRange, check_cache, eval_batches, split_windows
+from keel.train.loader import MixtureLoader, WindowRange, check_cache, scored_batches, split_windows
 from keel.train.peak import device_peak
 from keel.train.schedule import piecewise_lr
 from keel.train.step import StepFunctions, bits_per_byte, build_step_functions
@@ -61,12 +61,24 @@ class PhasePlan:
     loader: MixtureLoader
 
 
+@dataclass(frozen=True)
+class EvalSet:
+    """Windows to evaluate, and whether the final evaluation scores all of the cache."""
+
+    windows: WindowRange
+    whole: bool
+    """True for an eval_data cache: its windows are all of the cache, and the final evaluation
+    scores every one of them and the tail after the last (every token after the first, once).
+    False for a training cache's held-out windows: at most eval_batches batches each time."""
+
+
 @dataclass
 class RunData:
     """The run's data, opened and checked: per-phase loaders and the evaluation sets."""
 
     phases: list[PhasePlan]
-    eval_sets: dict[str, WindowRange]
+    eval_sets: dict[str, EvalSet]
+    """By metric name (`eval/<name>/bpb`)."""
     token_bytes: np.ndarray
     eos_id: int
 
@@ -163,7 +175,7 @@ def open_run_data(config: TrainConfig) -> RunData:
 
     plans = []
     eval_seq_len = max(phase.seq_len for phase in config.phases)
-    eval_sets: dict[str, WindowRange] = {}
+    eval_sets: dict[str, EvalSet] = {}
     for index, (phase, segment) in enumerate(zip(config.phases, config.segments(), strict=True)):
         mixture = phase.mixture or config.data
         if not mixture:
@@ -175,14 +187,15 @@ def open_run_data(config: TrainConfig) -> RunData:
         for source in mixture:
             train_range, _ = split_windows(cache(source.cache), phase.seq_len, config.eval_fraction)
             sources.append((train_range, source.weight))
-            if config.eval_fraction > 0 and source.cache not in eval_sets:
+            if config.eval_fraction > 0:
                 _, held_out = split_windows(cache(source.cache), eval_seq_len, config.eval_fraction)
-                eval_sets[source.cache] = held_out
+                _add_eval_set(eval_sets, cache_name(source.cache), EvalSet(held_out, whole=False))
         loader = MixtureLoader(sources, config.batch_size, seed=config.seed * 1009 + index)
         plans.append(PhasePlan(phase, segment.start_step, segment.steps, loader))
-    for path in config.eval_data:
-        whole = cache(path)
-        eval_sets[path] = WindowRange(path, eval_seq_len, 0, whole.num_windows(eval_seq_len))
+    for path, name in zip(config.eval_data, config.eval_set_names(), strict=True):
+        opened = cache(path)
+        windows = WindowRange(opened.path, eval_seq_len, 0, opened.num_windows(eval_seq_len))
+        _add_eval_set(eval_sets, name, EvalSet(windows, whole=True))
     first = next(iter(caches.values()))
     for path, other in caches.items():
         if other.manifest.tokenizer_sha256 != first.manifest.tokenizer_sha256:
@@ -257,26 +270,30 @@ def _evaluate(
     config: TrainConfig,
     layout: RunLayout,
 ) -> dict[str, Any]:
-    """Bits per byte and loss on each evaluation set, and over all of them."""
+    """Bits per byte on each evaluation set (`eval/<name>/bpb`), and loss and bits per byte over
+    all of them. The final evaluation (step == total_steps) scores each eval_data set whole."""
+    final = int(state.step) == config.total_steps
     out: dict[str, Any] = {}
     total_nats = total_bytes = total_targets = 0.0
-    for path, window_range in data.eval_sets.items():
+    for name, eval_set in data.eval_sets.items():
+        whole = eval_set.whole and final
         nats = target_bytes = targets = 0.0
-        for batch in eval_batches(window_range, config.batch_size, config.eval_batches):
-            rows = np.zeros(config.batch_size, np.float32)
-            rows[: len(batch)] = 1.0
-            padded = np.zeros((config.batch_size, batch.shape[1]), np.int32)
-            padded[: len(batch)] = batch
+        batches = scored_batches(
+            eval_set.windows,
+            config.batch_size,
+            None if whole else config.eval_batches,
+            tail=eval_set.whole,
+        )
+        for windows, weights in batches:
             result = functions.evaluate(
                 state.params,
                 state.router_bias,
-                place_batch(layout, padded.__getitem__, padded.shape),
-                place_batch(layout, rows.__getitem__, rows.shape),
+                place_batch(layout, windows.__getitem__, windows.shape),
+                place_batch(layout, weights.__getitem__, weights.shape),
             )
             nats, target_bytes, targets = (
                 a + float(b) for a, b in zip((nats, target_bytes, targets), result, strict=True)
             )
-        name = paths.local_path(path).name if paths.is_local(path) else path
         out[f"eval/{name}/bpb"] = bits_per_byte(nats, target_bytes)
         total_nats, total_bytes, total_targets = (
             total_nats + nats,
@@ -287,6 +304,19 @@ def _evaluate(
         out["eval_loss"] = total_nats / max(total_targets, 1.0)
         out["eval_bpb"] = bits_per_byte(total_nats, total_bytes)
     return out
+
+
+def _add_eval_set(eval_sets: dict[str, EvalSet], name: str, eval_set: EvalSet) -> None:
+    """Add a set under `name`; a set of the same cache is replaced (a training cache that is
+    also in eval_data is evaluated whole), another cache of the same name is a ConfigError."""
+    previous = eval_sets.get(name)
+    if previous is not None and previous.windows.cache != eval_set.windows.cache:
+        raise ConfigError(
+            f"{previous.windows.cache} and {eval_set.windows.cache} would both report as "
+            f"eval/{name}/bpb: rename one directory, or name the eval sets (eval_names)"
+        )
+    if previous is None or eval_set.whole:
+        eval_sets[name] = eval_set
 
 
 def _dtype(config: TrainConfig) -> jnp.dtype:
