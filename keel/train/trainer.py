@@ -38,6 +38,7 @@ from keel.model.size import flops_per_token
 from keel.steps.context import step_output
 from keel.telemetry.sink import TARGET_ENV, MetricsSink
 from keel.train.checkpoint import Checkpoints, TrainState
+from keel.train.compile_cache import enable_compilation_cache
 from keel.train.config import Phase, TrainConfig
 from keel.train.layout import RunLayout, initial_state, place_batch
 from keel.train.loader import MixtureLoader, WindowRange, check_cache, eval_batches, split_windows
@@ -94,6 +95,7 @@ def train(
     """Train (or resume) the run in `output` to config.total_steps on `devices` (default: every
     device of every process of the gang); `on_step` receives each step's metrics as they are
     written. Only process 0 writes the run's files; every process writes checkpoints."""
+    enable_compilation_cache()  # before anything compiles
     config = config.validate()
     data = open_run_data(config)
     _check_resumable(config, output)
