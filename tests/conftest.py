@@ -3,9 +3,12 @@ backend, so it is set here, before any test module imports jax; single-device co
 device 0, and training pins one device (KEEL_DEVICES=1) unless a test asks for a mesh. Also:
 fixtures more than one test directory uses."""
 
+import atexit
 import gzip
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,12 @@ if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
 # Training that does not test meshes runs on one device (in this process and in the keel
 # commands tests start); mesh tests name their devices, or clear this for their processes.
 os.environ["KEEL_DEVICES"] = "1"
+# One JAX compilation cache for the session (unless one is named): the suite's many `python -m
+# keel train` processes then compile each program once.
+if "KEEL_COMPILATION_CACHE" not in os.environ:
+    _compilation_cache = tempfile.mkdtemp(prefix="keel-test-jax-cache-")
+    atexit.register(shutil.rmtree, _compilation_cache, ignore_errors=True)
+    os.environ["KEEL_COMPILATION_CACHE"] = _compilation_cache
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,10 @@ A run directory holds
     result.json       the final step's numbers, written when the run completes
 Starting a run on a directory that has checkpoints resumes from the latest: the data position
 is a function of the step, so the resumed run computes the same updates as an uninterrupted one.
+The loop never makes the devices wait for the host: step k's metrics are read only once step
+k + 1 is dispatched (its batch placed while step k runs), except at steps that evaluate or save
+a checkpoint, which finish before the next update takes their state; a step's metrics line is
+always written before its checkpoint.
 Everything a user can get wrong (config, caches, vocabularies) is checked before compiling.
 """
 
@@ -34,6 +38,7 @@ from keel.model.size import flops_per_token
 from keel.steps.context import step_output
 from keel.telemetry.sink import TARGET_ENV, MetricsSink
 from keel.train.checkpoint import Checkpoints, TrainState
+from keel.train.compile_cache import enable_compilation_cache
 from keel.train.config import Phase, TrainConfig, cache_name
 from keel.train.layout import RunLayout, initial_state, place_batch
 from keel.train.loader import MixtureLoader, WindowRange, check_cache, scored_batches, split_windows
@@ -102,6 +107,7 @@ def train(
     """Train (or resume) the run in `output` to config.total_steps on `devices` (default: every
     device of every process of the gang); `on_step` receives each step's metrics as they are
     written. Only process 0 writes the run's files; every process writes checkpoints."""
+    enable_compilation_cache()  # before anything compiles
     config = config.validate()
     data = open_run_data(config)
     _check_resumable(config, output)
@@ -132,28 +138,26 @@ def train(
         paths.open_file(metrics_path if primary else os.devnull, "a") as metrics_file,
         MetricsSink(telemetry_target if primary else "", run=step_output() or output) as telemetry,
     ):
+        log = _StepLog(config, peak, metrics_file, telemetry, checkpoints, on_step)
+        pending: _PendingStep | None = None
         for plan, step in _schedule(data.phases, int(state.step)):
+            started = time.perf_counter()
             shape = (config.batch_size, plan.phase.seq_len + 1)
             window = place_batch(layout, partial(plan.loader.batch, step - plan.start), shape)
-            started = time.perf_counter()
-            state, metrics = functions.update(state, window)
-            loss = float(metrics["loss"])
-            seconds = time.perf_counter() - started
-            tokens = config.batch_size * plan.phase.seq_len
-            done = int(state.step)
-            line = _step_line(done, plan, metrics, loss, tokens, seconds)
-            line["mfu"] = (
-                flops_per_token(config.model, plan.phase.seq_len) * tokens / seconds / peak
-            )
-            if done % config.eval_every == 0 or done == config.total_steps:
-                line.update(_evaluate(functions, state, data, config, layout))
-            metrics_file.write(json.dumps(line) + "\n")
-            metrics_file.flush()
-            telemetry.write(done, line)
-            checkpoints.save(state, force=done == config.total_steps)
-            result.last = line
-            if on_step is not None:
-                on_step(line)
+            state, metrics = dispatch_update(functions.update, state, window)
+            if pending is not None:  # step k's metrics, read now that step k + 1 is queued
+                log.write(log.read(pending))
+            pending = _PendingStep(step + 1, plan, metrics, started)
+            last = pending.step == config.total_steps
+            evaluates = last or pending.step % config.eval_every == 0
+            saves = last or pending.step % config.checkpoint_every == 0
+            if evaluates or saves:  # finished here: the next update takes (donates) the state
+                line = log.read(pending)
+                if evaluates:
+                    line.update(_evaluate(functions, state, data, config, layout))
+                log.write(line, checkpoint=state if saves else None)
+                pending = None  # the last step always lands here: nothing is left pending
+        result.last = log.last
     checkpoints.close()
     result_path = paths.join(output, RESULT_FILE)
     if result.last and primary:
@@ -161,6 +165,85 @@ def train(
     elif paths.exists(result_path):  # already trained to the end: nothing ran
         result.last = json.loads(paths.read_text(result_path))
     return result
+
+
+def dispatch_update(
+    update: Callable, state: TrainState, window: jax.Array
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """Queue one update on the devices and return at once with its (not yet computed) state and
+    metrics. Nothing may come back from the devices here: that would make the host wait for
+    the step, so a device-to-host transfer during the dispatch is an error."""
+    with jax.transfer_guard_device_to_host("disallow"):
+        return update(state, window)
+
+
+@dataclass(frozen=True)
+class _PendingStep:
+    """An update dispatched to the devices whose metrics the host has not read yet."""
+
+    step: int
+    """Updates done once it completes (the metrics line's step)."""
+    plan: PhasePlan
+    metrics: dict[str, jax.Array]
+    started: float
+    """time.perf_counter() seconds when the host began the step (placing its batch)."""
+
+
+class _StepLog:
+    """Turns finished updates into metrics lines and writes them, in step order, to
+    metrics.jsonl, telemetry and `on_step`, saving a step's checkpoint after its line (a resume
+    from that checkpoint then never lacks the line)."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        peak: float,
+        metrics_file: Any,
+        telemetry: MetricsSink,
+        checkpoints: Checkpoints,
+        on_step: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
+        self.config, self.peak, self.on_step = config, peak, on_step
+        self.metrics_file, self.telemetry, self.checkpoints = metrics_file, telemetry, checkpoints
+        self.finished = 0.0
+        """When the host saw the previous step complete (time.perf_counter() seconds)."""
+        self.last: dict[str, Any] = {}
+
+    def read(self, pending: _PendingStep) -> dict[str, Any]:
+        """Wait for the step and read its metrics. step_s is the time from the previous step's
+        completion (or from this step's start, when the host began it after that) to this one's,
+        both as the host sees them: with updates queued back to back, the interval between
+        completions, i.e. the time a step takes in the pipeline."""
+        metrics = jax.device_get(jax.block_until_ready(pending.metrics))
+        finished = time.perf_counter()
+        seconds = finished - max(self.finished, pending.started)
+        self.finished = finished
+        seq_len = pending.plan.phase.seq_len
+        tokens = self.config.batch_size * seq_len
+        line: dict[str, Any] = {"step": pending.step, "phase": pending.plan.phase.name}
+        for name in ("loss", "cross_entropy", "z_loss", "router_z_loss", "grad_norm", "lr"):
+            line[name] = float(metrics[name])
+        line["tokens_per_s"] = tokens / seconds
+        line["step_s"] = seconds
+        if "router" in metrics:
+            router = {name: np.asarray(value).tolist() for name, value in metrics["router"].items()}
+            line["router"] = router
+            line["drop_rate"] = float(np.mean(router["drop_rate"]))
+            line["load_max_over_mean"] = float(np.max(router["load_max_over_mean"]))
+        flops = flops_per_token(self.config.model, seq_len) * tokens
+        line["mfu"] = flops / seconds / self.peak
+        return line
+
+    def write(self, line: dict[str, Any], checkpoint: TrainState | None = None) -> None:
+        """Write `line`, then save `checkpoint` (the state after the line's step) when given."""
+        self.metrics_file.write(json.dumps(line) + "\n")
+        self.metrics_file.flush()
+        self.telemetry.write(line["step"], line)
+        if checkpoint is not None:
+            self.checkpoints.save(checkpoint, force=line["step"] == self.config.total_steps)
+        self.last = line
+        if self.on_step is not None:
+            self.on_step(line)
 
 
 def open_run_data(config: TrainConfig) -> RunData:
@@ -245,22 +328,6 @@ def _truncate_metrics(path: str, step: int) -> None:
     lines = paths.read_text(path).splitlines()
     kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
     paths.write_text(path, "".join(line + "\n" for line in kept))
-
-
-def _step_line(
-    step: int, plan: PhasePlan, metrics: dict, loss: float, tokens: int, seconds: float
-) -> dict[str, Any]:
-    line: dict[str, Any] = {"step": step, "phase": plan.phase.name, "loss": loss}
-    for name in ("cross_entropy", "z_loss", "router_z_loss", "grad_norm", "lr"):
-        line[name] = float(metrics[name])
-    line["tokens_per_s"] = tokens / seconds
-    line["step_s"] = seconds
-    if "router" in metrics:
-        router = {name: np.asarray(value).tolist() for name, value in metrics["router"].items()}
-        line["router"] = router
-        line["drop_rate"] = float(np.mean(router["drop_rate"]))
-        line["load_max_over_mean"] = float(np.max(router["load_max_over_mean"]))
-    return line
 
 
 def _evaluate(
