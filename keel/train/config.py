@@ -34,6 +34,8 @@ class DataSource:
     """A token cache directory (keel data tokenize)."""
     weight: float = 1.0
     """Relative share of sequences drawn from this cache."""
+    name: str = field(default="", metadata={"identity": False})
+    """What its held-out part reports as (`eval/<name>/bpb`); default: cache_name(cache)."""
 
 
 @dataclass(frozen=True)

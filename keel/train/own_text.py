@@ -274,7 +274,8 @@ def with_training_data(
             "drop --data, or the phases' mixtures"
         )
     resolved = resolve_data(path, prefix, config.model.vocab_size, tokenizer)
-    return replace(config, data=(DataSource(resolved.cache),)), resolved
+    source = DataSource(resolved.cache, name=f"{eval_name(path)}-heldout")
+    return replace(config, data=(source,)), resolved
 
 
 def with_eval_data(

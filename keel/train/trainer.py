@@ -272,7 +272,8 @@ def open_run_data(config: TrainConfig) -> RunData:
             sources.append((train_range, source.weight))
             if config.eval_fraction > 0:
                 _, held_out = split_windows(cache(source.cache), eval_seq_len, config.eval_fraction)
-                _add_eval_set(eval_sets, cache_name(source.cache), EvalSet(held_out, whole=False))
+                name = source.name or cache_name(source.cache)
+                _add_eval_set(eval_sets, name, EvalSet(held_out, whole=False))
         loader = MixtureLoader(sources, config.batch_size, seed=config.seed * 1009 + index)
         plans.append(PhasePlan(phase, segment.start_step, segment.steps, loader))
     for path, name in zip(config.eval_data, config.eval_set_names(), strict=True):
