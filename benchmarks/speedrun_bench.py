@@ -20,7 +20,9 @@ What it measures (one run of each side, one after the other, on the same cores):
   the preset's model.vocab_size trained on the training text; the evaluation text encoded with
   it), then `keel train` with data=, eval_data= the caches, eval_fraction=0 and an
   eval_batches cap no set reaches, so every evaluation covers the whole evaluation cache
-  (every full window of seq_len + 1 tokens; the last partial window is not scored). Its
+  (every full window of seq_len + 1 tokens; the last partial window is not scored). keel's
+  persistent compilation cache starts empty (KEEL_COMPILATION_CACHE: a fresh directory), as on
+  a user's first run. Its
   metrics.jsonl is tailed (every POLL_SECONDS) and each line carrying `eval/<stem>/bpb` (else
   eval_bpb) is timestamped on arrival. The keel side's time includes process starts,
   tokenizer training, compilation and its evaluations; nanoGPT's whole-split scoring is not
@@ -326,9 +328,11 @@ def keel_command(*args: str | Path | int) -> list[str]:
     return [sys.executable, "-m", "keel", *map(str, args)]
 
 
-def keel_env() -> dict[str, str]:
-    """This checkout's keel for the child processes, progress bars off."""
+def keel_env(compilation_cache: Path) -> dict[str, str]:
+    """This checkout's keel for the child processes, progress bars off, and an empty JAX
+    compilation cache at `compilation_cache` (a first run on a machine compiles everything)."""
     env = dict(os.environ)
+    env["KEEL_COMPILATION_CACHE"] = str(compilation_cache)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     env.pop("KEEL_PROGRESS", None)
     return env
@@ -413,7 +417,7 @@ def run_keel(
     train_file, eval_file = inputs / "train.txt", inputs / "test.txt"
     train_file.write_text(texts_[0], encoding="utf-8")
     eval_file.write_text(texts_[1], encoding="utf-8")
-    env = keel_env()
+    env = keel_env(work / "jax-cache")
     flags = train_has_data_flags(env)
     run_dir = work / "run"
     step_args = ("--steps", str(steps)) if steps else ()
