@@ -14,19 +14,16 @@ What it measures (one run of each side, one after the other, on the same cores):
   saves the one with the best val estimate) is scored on the WHOLE evaluation split: every
   character after the first scored once, windows of block_size, in bits per UTF-8 byte. That
   number is the target; nanoGPT reaches it at the eval line of the checkpoint's step.
-- keel: `python -m keel train --preset P [--set ...]` on the same two files, timed as a whole
-  process chain from the first launch: with `--data/--eval-data` when `keel train --help` offers
-  them, else `keel data ingest` (text) and `keel data tokenize` of both files (a byte-level BPE of
-  the preset's model.vocab_size trained on the training text; the evaluation text encoded with
-  it), then `keel train` with data=, eval_data= the caches, eval_fraction=0 and an
-  eval_batches cap no set reaches, so every evaluation covers the whole evaluation cache
-  (every full window of seq_len + 1 tokens; the last partial window is not scored). keel's
-  persistent compilation cache starts empty (KEEL_COMPILATION_CACHE: a fresh directory), as on
-  a user's first run. Its
-  metrics.jsonl is tailed (every POLL_SECONDS) and each line carrying `eval/<stem>/bpb` (else
-  eval_bpb) is timestamped on arrival. The keel side's time includes process starts,
-  tokenizer training, compilation and its evaluations; nanoGPT's whole-split scoring is not
-  counted (its own 20-batch estimates are).
+- keel: `python -m keel train --preset P --data TRAIN --eval-data EVAL [--set ...]`, one
+  process, timed from its launch: it trains a byte-level BPE of the preset's model.vocab_size
+  on the training text, tokenizes both files (cached steps; each run starts in a fresh scratch
+  directory, so nothing is cached), compiles, trains and evaluates. `eval_batches` is set past
+  any set's size, so every evaluation scores the whole evaluation split (every token after the
+  first, once), not only the final one. keel's persistent compilation cache starts empty
+  (KEEL_COMPILATION_CACHE: a fresh directory), as on a user's first run. Its metrics.jsonl is
+  tailed (every POLL_SECONDS) and each line carrying `eval/<stem>/bpb` (else eval_bpb) is
+  timestamped on arrival. nanoGPT's whole-split scoring is not counted (its own 20-batch
+  estimates are).
 Reported: each side's total seconds and bits-per-byte curve, the wall time at which each first
 reaches nanoGPT's final whole-split bits per byte (keel: the first eval at or below it, nothing
 interpolated), the ratio keel / nanoGPT (the issue's target: <= 0.3), and the best bits per
@@ -338,22 +335,6 @@ def keel_env(compilation_cache: Path) -> dict[str, str]:
     return env
 
 
-def train_has_data_flags(env: dict[str, str]) -> bool:
-    """Whether this keel's `keel train` takes --data/--eval-data (checked before timing)."""
-    helped = subprocess.run(
-        keel_command("train", "--help"), capture_output=True, text=True, env=env, check=True
-    )
-    return "--eval-data" in helped.stdout
-
-
-def preset_vocab_size(preset_name: str, sets: Sequence[str]) -> int:
-    """model.vocab_size of the preset with the --set overrides applied."""
-    from keel.core.config import apply_overrides
-    from keel.train.presets import preset
-
-    return apply_overrides(preset(preset_name), list(sets)).model.vocab_size
-
-
 class MetricsTail:
     """Follows a metrics.jsonl as it grows (a thread): each line with an evaluation becomes an
     EvalPoint timestamped on arrival, seconds since `started`."""
@@ -408,7 +389,7 @@ def run_keel(
     texts_: tuple[str, str],
     scratch: Path,
 ) -> Side:
-    """keel's chain of processes on the two texts, timed from the first launch."""
+    """`keel train --data --eval-data` on the two texts, timed from its launch."""
     work = scratch / "keel"
     if work.exists():
         shutil.rmtree(work)
@@ -418,91 +399,31 @@ def run_keel(
     train_file.write_text(texts_[0], encoding="utf-8")
     eval_file.write_text(texts_[1], encoding="utf-8")
     env = keel_env(work / "jax-cache")
-    flags = train_has_data_flags(env)
     run_dir = work / "run"
     step_args = ("--steps", str(steps)) if steps else ()
     set_args = [arg for value in sets for arg in ("--set", value)]
     log = scratch / "keel.log"
-    side = Side("keel", details={"preset": preset_name, "sets": list(sets), "data_flags": flags})
-    chain: list[list[str]] = []
-    if flags:
-        chain.append(
-            keel_command(
-                "train",
-                "--preset",
-                preset_name,
-                "--data",
-                train_file,
-                "--eval-data",
-                eval_file,
-                "--output",
-                run_dir,
-                *set_args,
-                *step_args,
-            )
-        )
-    else:
-        vocab = preset_vocab_size(preset_name, sets)
-        docs, caches = work / "docs", work / "caches"
-        train_cache, eval_cache = caches / "train", caches / eval_file.stem
-        for source, name in ((train_file, "train"), (eval_file, "eval")):
-            chain.append(
-                keel_command(
-                    "data", "ingest", "--input", source, "--output", docs / name, "--format", "text"
-                )
-            )
-        chain.append(
-            keel_command(
-                "data",
-                "tokenize",
-                "--input",
-                docs / "train",
-                "--output",
-                train_cache,
-                "--train-tokenizer",
-                "--vocab-size",
-                vocab,
-            )
-        )
-        chain.append(
-            keel_command(
-                "data",
-                "tokenize",
-                "--input",
-                docs / "eval",
-                "--output",
-                eval_cache,
-                "--tokenizer",
-                train_cache / "tokenizer.json",
-            )
-        )
-        data_sets = (
-            f"data=[{{cache: {train_cache}}}]",
-            f"eval_data=[{eval_cache}]",
-            "eval_fraction=0",
-            f"eval_batches={EVAL_BATCHES_ALL}",
-        )
-        chain.append(
-            keel_command(
-                "train",
-                "--preset",
-                preset_name,
-                "--output",
-                run_dir,
-                *[arg for value in data_sets for arg in ("--set", value)],
-                *set_args,
-                *step_args,
-            )
-        )
-    side.details["commands"] = [" ".join(command[1:]) for command in chain]
+    side = Side("keel", details={"preset": preset_name, "sets": list(sets)})
+    command = keel_command(
+        "train",
+        "--preset",
+        preset_name,
+        "--data",
+        train_file,
+        "--eval-data",
+        eval_file,
+        "--output",
+        run_dir,
+        "--set",
+        f"eval_batches={EVAL_BATCHES_ALL}",  # every evaluation whole, not only the last
+        *set_args,
+        *step_args,
+    )
+    side.details["command"] = " ".join(command[1:])
+    progress(f"keel: {side.details['command']}")
     started = time.perf_counter()
-    marks = []
     with MetricsTail(run_dir / "metrics.jsonl", started, eval_file.stem) as tail:
-        for command in chain:
-            progress(f"keel: {' '.join(command[1:])}")
-            marks.append(run_timed(command, cwd=work, env=env, started=started, log=log))
-    side.total_s = marks[-1]
-    side.details["prepare_s"] = marks[-2] if len(marks) > 1 else 0.0
+        side.total_s = run_timed(command, cwd=work, env=env, started=started, log=log)
     side.evals = tail.points
     side.final_bpb = tail.points[-1].bpb if tail.points else None
     return side
