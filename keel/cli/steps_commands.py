@@ -288,7 +288,9 @@ def _show_quickstart_summary(prefix: str, steps: list[Step], telemetry: str | No
         f"{_trained_line(summary)}\n"
         f"{_telemetry_line(telemetry, summary['train']['output'])}"
         f"summary: {summary_file}\n"
-        f"next: `keel status --prefix {prefix}`; run again and every step is cached."
+        f"next: `keel status --prefix {prefix}`; run again and every step is cached; "
+        "train on your own text: `keel train --preset cpu-speedrun --data FILE.txt "
+        "--eval-data VAL.txt`."
     )
 
 
