@@ -31,7 +31,7 @@ from keel.core import paths
 from keel.core.errors import UsageError
 from keel.data.documents import TEXT_COLUMN
 from keel.data.token_cache import MANIFEST_FILE, TokenCache
-from keel.data.tokenize import TokenizeConfig, run_tokenize
+from keel.data.tokenize import TokenizeConfig, load_tokenizer, run_tokenize
 from keel.steps import Step, output_path, run
 from keel.train.config import DataSource, TrainConfig
 
@@ -125,14 +125,6 @@ def content_sha256(path: str, files: Sequence[Path]) -> str:
     return digest.hexdigest()
 
 
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(READ_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def tokenize_text(config: TextTokenize, output: str) -> None:
     """The step: the documents at config.source as Parquet in a scratch directory (a .txt file
     one row, a .jsonl file its `text` values), then run_tokenize into `output`."""
@@ -200,7 +192,7 @@ def resolve_data(
     config = TextTokenize(
         content_sha256=content_sha256(path, files),
         tokenize=TokenizeConfig(vocab_size=vocab_size),
-        tokenizer_sha256=file_sha256(tokenizer) if tokenizer else "",
+        tokenizer_sha256=hashlib.sha256(load_tokenizer(tokenizer)).hexdigest() if tokenizer else "",
         source=str(Path(path).resolve()),
         tokenizer=str(Path(tokenizer).resolve()) if tokenizer else "",
     )
