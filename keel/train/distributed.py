@@ -126,10 +126,12 @@ def wait_for_coordinator(gang: GangInfo, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-def is_primary() -> bool:
-    """Whether this process writes what a run writes once (metrics, results): process 0 of its
-    gang, or a process on its own (read from KEEL_REPLICA / KEEL_REPLICAS)."""
-    gang = gang_from_env()
+def is_primary(gang: GangInfo | None = None) -> bool:
+    """Whether this process writes and says what a run writes and says once (config, metrics,
+    results, telemetry, the CLI's report): process 0 of its gang, or a process on its own. The
+    one test of it in keel; `gang` defaults to the one the environment describes (KEEL_REPLICA,
+    KEEL_REPLICAS), which is the process index `initialize_from_env` gives jax."""
+    gang = gang if gang is not None else gang_from_env()
     return gang is None or gang.process == 0
 
 

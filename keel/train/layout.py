@@ -91,12 +91,15 @@ def plan_layout(
     config: TrainConfig,
     optimizer: optax.GradientTransformation,
     devices: Sequence[jax.Device] | None = None,
+    params: Any | None = None,
 ) -> RunLayout:
-    """The layout of this run on `devices` (default: `run_devices()`)."""
+    """The layout of this run on `devices` (default: `run_devices()`); `params` is the model's
+    parameter shapes (jax.ShapeDtypeStruct leaves) when the caller has already traced them."""
     devices = run_devices(devices)
     check_mesh(config, len(devices))
     mesh = build_mesh(config.mesh, devices)
-    params = jax.eval_shape(lambda: init_params(jax.random.key(0), config.model))
+    if params is None:
+        params = param_shapes(config)
     params_layout = param_shardings(params, mesh)
     opt_device = _opt_shardings(optimizer, params, params_layout, mesh)
     opt_kept = opt_device
@@ -112,6 +115,11 @@ def plan_layout(
         rng=whole,
     )
     return RunLayout(mesh, state, opt_device, NamedSharding(mesh, BATCH_SPEC))
+
+
+def param_shapes(config: TrainConfig) -> Any:
+    """The model's parameters as jax.ShapeDtypeStruct leaves: traced, nothing allocated."""
+    return jax.eval_shape(lambda: init_params(jax.random.key(0), config.model))
 
 
 def _opt_shardings(
@@ -145,9 +153,9 @@ def initial_state(
     """The run's fresh state, made on its devices in its layout (no leaf is ever whole on one
     device), the optimizer, and the layout."""
     key = jax.random.key(config.seed)
-    labels = param_labels(jax.eval_shape(lambda: init_params(key, config.model)))
-    optimizer = build_optimizer(config.optimizer, learning_rate, labels)
-    layout = plan_layout(config, optimizer, devices)
+    shapes = param_shapes(config)
+    optimizer = build_optimizer(config.optimizer, learning_rate, param_labels(shapes))
+    layout = plan_layout(config, optimizer, devices, shapes)
     params = jax.jit(init_params, static_argnums=1, out_shardings=layout.state.params)(
         key, config.model
     )

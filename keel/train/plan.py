@@ -35,7 +35,7 @@ from keel.model.size import flops_per_token, model_size
 from keel.model.transformer import init_params, init_router_bias, param_labels
 from keel.train.checkpoint import TrainState
 from keel.train.config import TrainConfig
-from keel.train.layout import HOST_MEMORY, RunLayout, plan_layout, run_devices
+from keel.train.layout import HOST_MEMORY, RunLayout, param_shapes, plan_layout, run_devices
 from keel.train.optim import build_optimizer
 from keel.train.schedule import piecewise_lr
 from keel.train.step import build_step_functions
@@ -210,9 +210,9 @@ def compile_step(config: TrainConfig, devices: list | None = None) -> CompiledSt
     devices = run_devices(devices)
     seq_len = max(phase.seq_len for phase in config.phases)
     learning_rate = piecewise_lr(config.segments())
-    shapes = jax.eval_shape(lambda: init_params(jax.random.key(0), config.model))
+    shapes = param_shapes(config)
     optimizer = build_optimizer(config.optimizer, learning_rate, param_labels(shapes))
-    layout = plan_layout(config, optimizer, devices)
+    layout = plan_layout(config, optimizer, devices, shapes)
     state = _abstract_state(config, optimizer, layout.state)
     window_shape = (config.batch_size, seq_len + 1)
     window = jax.ShapeDtypeStruct(window_shape, jnp.int32, sharding=layout.batch)

@@ -37,6 +37,7 @@ from keel.data.token_cache import TokenCache
 from keel.model.size import flops_per_token
 from keel.steps.context import step_output
 from keel.telemetry.sink import TARGET_ENV, MetricsSink
+from keel.train import distributed
 from keel.train.checkpoint import Checkpoints, TrainState
 from keel.train.compile_cache import enable_compilation_cache
 from keel.train.config import Phase, TrainConfig, cache_name
@@ -111,7 +112,7 @@ def train(
     config = config.validate()
     data = open_run_data(config)
     _check_resumable(config, output)
-    primary = jax.process_index() == 0
+    primary = distributed.is_primary()
     if primary:
         dump_config(config, paths.join(output, CONFIG_FILE))
 
