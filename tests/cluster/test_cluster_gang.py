@@ -1,14 +1,11 @@
 """Gangs through keel's launchers: every replica of an attempt gets one KEEL_COORDINATOR, the
-replicas form one JAX runtime (tests/train/gang_probe.py: a sum over 2 processes x 4 devices),
-and a member killed mid-run fails the gang, which the controller retries as a unit on a fresh
-port. Local backend (through `keel job run`, and a controller driven here) and Slurm."""
+replicas form one JAX runtime (tests/train/gang_probe.py: a sum over 2 processes x 4 devices).
+Local backend (through `keel job run`) and Slurm. A member killed mid-run is
+tests/cluster/test_training_gang.py's: a training gang, retried as a unit on a fresh port."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +16,6 @@ from controller_support import tick_until
 
 from keel.cluster.backend import TaskLaunch, TaskState
 from keel.cluster.controller import Controller
-from keel.cluster.local import LocalBackend
 from keel.cluster.slurm import SlurmBackend
 from keel.cluster.spec import JobSpec
 from keel.cluster.state import connect, job_status, submit
@@ -73,39 +69,6 @@ def test_keel_job_run_replicas_2_forms_one_runtime_on_the_local_backend(tmp_path
     assert _coordinator(root, job, 1).startswith("127.0.0.1:")
 
 
-@pytest.mark.slow
-def test_a_member_killed_mid_run_fails_the_gang_and_the_retry_succeeds_on_a_fresh_port(tmp_path):
-    out, root = tmp_path / "out", tmp_path / "control"
-    control = Controller(root, {"local": LocalBackend(root / "tasks", max_cpus=2)})
-    spec = _probe(out, "--sleep", "300", "--sleep-once", str(tmp_path / "slept"), max_retries=1)
-    job = submit(control.database, spec)
-    tick_until(control, job, lambda _: (out / "0.json").exists() and (out / "1.json").exists())
-    first = _seen(out)
-    for path in out.iterdir():
-        path.unlink()
-    os.kill(first[1]["pid"], signal.SIGKILL)
-    killed = time.monotonic()
-    status = tick_until(control, job, lambda s: s["state"] in ("succeeded", "failed"))
-    assert status["state"] == "succeeded" and status["failures"] == 1
-    assert time.monotonic() - killed < 90  # the gang stopped and the retry ran in this time
-    assert [task["attempt"] for task in status["tasks"]] == [2, 2]
-    events = control.database.execute(
-        "SELECT kind, detail FROM events WHERE job_id = ? AND kind = 'requeued'", (job,)
-    ).fetchall()
-    # One line says why: the killed member, or the survivor if its collective broke first.
-    assert len(events) == 1 and re.fullmatch(
-        r"retry 1 of 1 after: replica (1: exited with code 137|0: exited with code \d+)",
-        events[0]["detail"],
-    ), [tuple(e) for e in events]
-    again = _seen(out)
-    assert [s["sum"] for s in again] == [36.0, 36.0]
-    ports = {_coordinator(root, job, 1), _coordinator(root, job, 2)}
-    assert {s["coordinator"] for s in first} == {_coordinator(root, job, 1)}
-    assert {s["coordinator"] for s in again} == {_coordinator(root, job, 2)}
-    assert len(ports) == 2  # each attempt has its own coordinator port
-    control.close()
-
-
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_a_slurm_gang_finds_replica_0s_node_and_sums_over_both(slurm_cluster, tmp_path):
@@ -120,32 +83,6 @@ def test_a_slurm_gang_finds_replica_0s_node_and_sums_over_both(slurm_cluster, tm
     port = _coordinator(root, job, 1).rsplit(":", 1)[1]
     host = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
     assert {s["coordinator"] for s in seen} == {f"{host}:{port}"}  # replica 0's node
-    control.close()
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_a_slurm_gang_whose_member_is_killed_is_retried_as_a_unit(slurm_cluster, tmp_path):
-    out, root = tmp_path / "out", tmp_path / "control"
-    backend = SlurmBackend(str(tmp_path / "slurm-logs"), partition=slurm_cluster.partition)
-    control = Controller(root, {"slurm": backend})
-    sleep = ("--sleep", "300", "--sleep-once", str(tmp_path / "slept"))
-    job = submit(control.database, _probe(out, *sleep, max_retries=1, workdir=str(tmp_path)))
-    tick_until(control, job, lambda _: (out / "0.json").exists() and (out / "1.json").exists())
-    first = _seen(out)
-    for path in out.iterdir():
-        path.unlink()
-    os.kill(first[1]["pid"], signal.SIGKILL)
-    status = tick_until(control, job, lambda s: s["state"] in ("succeeded", "failed"))
-    assert status["state"] == "succeeded" and status["failures"] == 1, status
-    detail = control.database.execute(
-        "SELECT detail FROM events WHERE job_id = ? AND kind = 'requeued'", (job,)
-    ).fetchall()
-    assert len(detail) == 1 and re.fullmatch(
-        r"retry 1 of 1 after: replica (1: killed by signal 9|0: .+)", detail[0][0]
-    ), [tuple(row) for row in detail]
-    assert [s["sum"] for s in _seen(out)] == [36.0, 36.0]
-    assert _coordinator(root, job, 1) != _coordinator(root, job, 2)
     control.close()
 
 

@@ -1,5 +1,6 @@
 """A training gang whose member is SIGKILLed mid-run: the survivor exits within 60 s, the
-controller retries the gang as a unit (one line saying why), and the run resumes from its last
+controller retries the gang as a unit on a fresh coordinator port (one line saying why), and
+the run resumes from its last
 checkpoint to the uninterrupted run's final loss exactly (tests/mesh_support.py's gang run, the
 same mesh). On the local backend and on Slurm."""
 
@@ -46,6 +47,11 @@ def _member(config_file: Path, replica: int) -> psutil.Process:
     raise AssertionError(f"no member {replica} training {config_file}")
 
 
+def _coordinator(root: Path, job: str, attempt: int) -> str:
+    """The KEEL_COORDINATOR the controller chose for `attempt` of gang `job`."""
+    return (root / "tasks" / job / "gang" / str(attempt) / "coordinator").read_text().strip()
+
+
 def _kill_one_and_finish(backend: TaskBackend, tmp_path: Path, cache: str, want_loss: float):
     run_dir = tmp_path / "run"
     config_file = write_config(tiny_moe(cache, GANG_MESH), tmp_path / "run.yaml")
@@ -68,6 +74,8 @@ def _kill_one_and_finish(backend: TaskBackend, tmp_path: Path, cache: str, want_
         ).fetchall()
         assert len(events) == 1, [tuple(e) for e in events]
         assert re.fullmatch(r"retry 1 of 1 after: replica [01]: .+", events[0]["detail"])
+        coordinators = {_coordinator(tmp_path / "control", job, attempt) for attempt in (1, 2)}
+        assert len(coordinators) == 2  # each attempt of the gang has its own coordinator port
     finally:
         control.close()
     result = json.loads((run_dir / "result.json").read_text())

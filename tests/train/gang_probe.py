@@ -1,10 +1,9 @@
 """A gang member for the tests: joins its gang from KEEL_* variables, sums over all devices of
 all processes, and writes what it saw to <out>/<process>.json.
 
-Usage: python gang_probe.py OUT [--sleep SECONDS] [--sleep-once MARKER] [--check-shared DIR]
+Usage: python gang_probe.py OUT [--sleep SECONDS] [--check-shared DIR]
 `--sleep` keeps the gang in a loop of collectives that long (a member killed meanwhile must bring
-the others down); with `--sleep-once MARKER` only while MARKER.<process> does not exist yet (the
-first attempt of a retried gang). `--check-shared DIR` checks that the gang shares DIR ("{replica}"
+the others down). `--check-shared DIR` checks that the gang shares DIR ("{replica}"
 in it is replaced by the process's index, to make a directory they do not share).
 """
 
@@ -27,7 +26,6 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--sleep", type=float, default=0.0)
-    parser.add_argument("--sleep-once", default="")
     parser.add_argument("--check-shared", default="")
     args = parser.parse_args()
     try:
@@ -70,12 +68,7 @@ def main() -> int:
         )
     )
     print(f"{distributed.process_label(gang)}: sum {total:g}", flush=True)
-    sleep = args.sleep
-    if args.sleep_once:  # sleep in the first attempt only (one marker per process)
-        marker = Path(f"{args.sleep_once}.{jax.process_index()}")
-        sleep = 0.0 if marker.exists() else sleep
-        marker.touch()
-    deadline = time.monotonic() + sleep
+    deadline = time.monotonic() + args.sleep
     step = jax.jit(jnp.sum)
     while time.monotonic() < deadline:
         float(step(values))
