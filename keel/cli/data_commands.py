@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from keel.cli.output import print_json, stdout, user_errors
+from keel.cluster.backend import require_ray
 from keel.core.config import apply_overrides
 from keel.core.errors import UsageError
 from keel.data.decontam import DecontamConfig, EvalSet, run_decontam
@@ -76,6 +77,8 @@ def run_stage(
 def flow_options(workers: int | None, backend: str) -> RunOptions:
     if backend not in ("local", "ray"):
         raise UsageError(f"--backend {backend!r}: use local or ray")
+    if backend == "ray":
+        require_ray("--backend ray")
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be at least 1, got {workers}")
     return RunOptions(backend=backend, workers=workers)
