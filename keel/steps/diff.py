@@ -64,12 +64,13 @@ class StepDiff:
         }
 
 
-def committed_by_name(store: StepStore) -> dict[str, list[StepRecord]]:
-    """Step name -> records of its committed outputs under the store's prefix, newest first."""
+def committed_by_name(store: StepStore, names: set[str]) -> dict[str, list[StepRecord]]:
+    """Step name -> records of its committed outputs under the store's prefix, newest first,
+    for the step names in `names` (only their records are read)."""
     found: dict[str, list[StepRecord]] = {}
     for dir_name in paths.list_dir(store.prefix):
         name, dash, digest = dir_name.rpartition("-")
-        if not dash or len(digest) != HASH_CHARS or dir_name.startswith("."):
+        if not dash or len(digest) != HASH_CHARS or name not in names:
             continue
         record = store.output_record(dir_name)
         if record is not None and record.name == name:

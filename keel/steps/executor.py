@@ -92,13 +92,16 @@ def plan(roots: list[Step], prefix: str, force: str | None = None) -> list[Plann
     forced = _force_pattern(force)
     ordered = all_steps(roots)
     names = {step.identity: step.name for step in ordered}
-    committed = committed_by_name(store)
+    cached = {step.identity for step in ordered if store.is_committed(step)}
+    committed = committed_by_name(
+        store, {step.name for step in ordered if step.identity not in cached}
+    )
     planned = []
     for step in ordered:
         output = store.output(step)
         if forced is not None and forced.search(step.name):
             planned.append(PlannedStep(step, output, "run", "forced"))
-        elif store.is_committed(step):
+        elif step.identity in cached:
             planned.append(PlannedStep(step, output, "cached", "output committed"))
         else:
             diff = diff_step(step, committed.get(step.name, []), names)
