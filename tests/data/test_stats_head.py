@@ -58,6 +58,10 @@ def test_stats_of_a_document_set(tmp_path):
     plain = tmp_path / "plain"
     write_documents(plain, ["x"])
     assert data_stats(str(plain)).language is None and data_stats(str(plain)).quality is None
+    emptied = tmp_path / "emptied"  # a committed set a filter left no document in
+    emptied.mkdir()
+    (emptied / "_SUCCESS").write_text("{}")
+    assert (data_stats(str(emptied)).documents, data_stats(str(emptied)).bytes) == (0, 0)
 
 
 def test_stats_of_a_token_cache_counts_tokens_and_document_lengths(tmp_path):
