@@ -210,7 +210,9 @@ def gc_command(
     keep: list[Path] = typer.Option(
         [], "--keep", help="An experiment file whose steps' outputs stay (repeatable)."
     ),
-    more: list[Path] = typer.Argument(None, help="More experiment files to keep.", hidden=True),
+    more: list[Path] = typer.Argument(
+        None, metavar="EXPERIMENT.py", help="More experiment files to keep, as --keep."
+    ),
     prefix: str = PREFIX,
     yes: bool = typer.Option(False, "--yes", help="Remove the listed outputs (default: list)."),
     as_json: bool = JSON,

@@ -23,6 +23,10 @@ REFERENCE_KEY = "__step__"
 """How a reference to another step's output appears in a canonical config."""
 MISSING: Any = "<absent>"
 """The value shown for a key one side does not have."""
+SHOWN_KEYS = 6
+"""Changed keys the one-line reason names; `to_dict` has them all."""
+SHOWN_CHARS = 60
+"""A value in the one-line reason is cut to this many characters."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +54,10 @@ class StepDiff:
             return "not run yet"
         parts = [
             f"{change.key}: {_show(change.cached)} -> {_show(change.now)}"
-            for change in self.changed
+            for change in self.changed[:SHOWN_KEYS]
         ]
+        if len(self.changed) > SHOWN_KEYS:
+            parts.append(f"and {len(self.changed) - SHOWN_KEYS} more keys")
         if self.upstream:
             parts.append(f"upstream changed: {', '.join(self.upstream)}")
         return "; ".join(parts) or f"same config as {self.nearest}, not committed"
@@ -150,4 +156,6 @@ def _key_order(key: str) -> list[tuple[int, int | str]]:
 
 
 def _show(value: Any) -> str:
-    return value if isinstance(value, str) and value == MISSING else json.dumps(value)
+    """A value as JSON, cut to SHOWN_CHARS characters."""
+    text = value if isinstance(value, str) and value == MISSING else json.dumps(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."

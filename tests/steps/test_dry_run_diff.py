@@ -136,3 +136,13 @@ def test_dry_run_after_a_set_override_through_the_cli(tmp_path):
     assert "value: 1 -> 7" in table and "upstream changed: a" in table
     outputs = sorted(p.name for p in (tmp_path / "out").iterdir() if not p.name.startswith("."))
     assert len(outputs) == 2 and planned["changes"]["a"]["nearest"] in outputs  # nothing ran
+
+
+def test_a_long_change_is_cut_in_the_line_but_whole_in_the_diff(tmp_path):
+    run([Step("many", write, {"values": list(range(10)), "note": "n"})], str(tmp_path))
+    changed = Step("many", write, {"values": list(range(1, 11)), "note": "x" * 200})
+    [planned] = plan([changed], str(tmp_path))
+    assert planned.reason.startswith('note: "n" -> "xxx')
+    assert planned.reason.endswith("values.4: 4 -> 5; and 5 more keys")
+    assert len(planned.reason) < 200
+    assert len(planned.diff.changed) == 11 and planned.diff.changed[0].now == "x" * 200
