@@ -31,10 +31,9 @@ def head(path: str, n: int = 5, where: str | None = None) -> list[dict[str, Any]
         raise UsageError(f"{path}: no such directory, or it is empty")
     parts = sorted(name for name in names if name.startswith("part-") and name.endswith(".parquet"))
     if not parts:
-        what = "a token cache: it holds token ids, not text" if MANIFEST_FILE in names else ""
-        raise UsageError(
-            f"{path}: not a document set (no part-*.parquet){'; ' if what else ''}{what}"
-        )
+        if MANIFEST_FILE in names:
+            raise UsageError(f"{path} is a token cache: it holds token ids, not documents")
+        raise UsageError(f"{path}: not a document set (no part-*.parquet files)")
     fs, _ = paths.filesystem(path)
     files = [paths.filesystem(paths.join(path, name))[1] for name in parts]
     dataset = ds.dataset(files, format="parquet", filesystem=fs)
