@@ -1,4 +1,4 @@
-"""`keel cluster start|status|stop` and `keel job run|status|logs|cancel`.
+"""`keel cluster start|status|stop` and `keel job run|list|status|logs|cancel`.
 
 Job commands work on the controller state under --root (default keel-out/cluster): they write to
 its SQLite database and a running controller picks the work up at its next tick. When no controller
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from keel.cli.output import print_json, stderr, stdout, user_errors
@@ -229,6 +230,51 @@ def run_command(
     typer.echo(job_id)
 
 
+@job_app.command("list")
+@user_errors
+def list_command(
+    job_state: str | None = typer.Option(
+        None,
+        "--state",
+        help="Only jobs in this state: pending, running, preempted, succeeded, failed or "
+        "cancelled.",
+    ),
+    limit: int | None = typer.Option(None, "--limit", help="At most this many (newest first)."),
+    root: str = ROOT,
+    as_json: bool = JSON,
+) -> None:
+    """The submitted jobs, newest first: id, name, state, cluster and when.
+
+    Examples:
+      keel job list
+      keel job list --state running --json
+    """
+    from keel.cluster.listing import list_jobs
+
+    jobs = list_jobs(Path(root) / "state.db", job_state, limit)
+    if as_json:
+        print_json({"jobs": jobs})
+        return
+    if not jobs:
+        which = f" {job_state}" if job_state else ""
+        stderr.print(f"no{which} jobs under {root}")
+        return
+    table = Table("job", "name", "state", "cluster", "submitted", "ran")
+    colors = {"succeeded": "green", "failed": "red", "running": "yellow", "cancelled": "magenta"}
+    now = time.time()
+    for job in jobs:
+        ran = (job["ended_at"] or now) - job["started_at"] if job["started_at"] else None
+        table.add_row(
+            job["id"],
+            escape(job["name"]),
+            f"[{colors.get(job['state'], 'white')}]{job['state']}[/]",
+            job["cluster"] or "-",
+            f"{_duration(now - job['submitted_at'])} ago",
+            "-" if ran is None else _duration(ran),
+        )
+    stdout.print(table)
+
+
 @job_app.command("status")
 @user_errors
 def job_status_command(
@@ -362,6 +408,14 @@ def _check_known_devices(database: sqlite3.Connection, spec: JobSpec, config: st
         raise UsageError(
             f"no cluster has device type {kind!r} (clusters offer: {', '.join(known)})"
         )
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as `42s`, `7m`, `3h` or `2d`."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
 
 
 def _amounts(amounts: dict[str, float]) -> str:

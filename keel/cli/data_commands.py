@@ -6,9 +6,10 @@ import dataclasses
 from collections.abc import Callable
 
 import typer
-from rich.table import Table
 
-from keel.cli.output import print_json, stdout, user_errors
+from keel.cli.data_views import show_documents, show_stats
+from keel.cli.output import print_json, stderr, stdout, user_errors
+from keel.cluster.backend import require_ray
 from keel.core.config import apply_overrides
 from keel.core.errors import UsageError
 from keel.data.decontam import DecontamConfig, EvalSet, run_decontam
@@ -18,6 +19,7 @@ from keel.data.embed import EmbedConfig, run_embed
 from keel.data.extract import ExtractConfig, run_extract
 from keel.data.filter import FilterConfig, run_filter
 from keel.data.fuzzy import FuzzyDedupConfig, run_fuzzy_dedup
+from keel.data.head import head
 from keel.data.ingest import IngestConfig, run_ingest
 from keel.data.mix import MixConfig, MixSource, run_mix
 from keel.data.quality import (
@@ -76,6 +78,8 @@ def run_stage(
 def flow_options(workers: int | None, backend: str) -> RunOptions:
     if backend not in ("local", "ray"):
         raise UsageError(f"--backend {backend!r}: use local or ray")
+    if backend == "ray":
+        require_ray("--backend ray")
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be at least 1, got {workers}")
     return RunOptions(backend=backend, workers=workers)
@@ -324,28 +328,63 @@ def mix_command(
 @user_errors
 def stats_command(
     path: str = typer.Argument(..., help="A document set or token cache directory."),
+    png: str | None = typer.Option(
+        None, "--png", help="Also draw the histograms into this PNG file."
+    ),
     as_json: bool = JSON,
 ) -> None:
-    """Documents, bytes, tokens (for a token cache) and the stage's drop accounting.
+    """Documents, text bytes, tokens (for a token cache), histograms and the stage's drops.
 
-    Example: keel data stats keel-out/dedup-1a2b3c4d
+    Text bytes are the UTF-8 size of the text column, not the size of the files. Histograms:
+    document length, and language and quality score when the set has those columns.
+
+    Examples:
+      keel data stats keel-out/dedup-1a2b3c4d
+      keel data stats scored/ --png scored.png
     """
     stats = data_stats(path)
+    if png is not None:
+        from keel.data.stats_plot import save_stats_plot  # matplotlib: only when asked
+
+        save_stats_plot(stats, png)
     if as_json:
         print_json(stats.to_dict())
+    else:
+        show_stats(stats)
+    if png is not None:
+        stderr.print(f"histograms drawn to {png}")
+
+
+@app.command("head")
+@user_errors
+def head_command(
+    path: str = typer.Argument(..., help="A document set directory."),
+    n: int = typer.Option(5, "-n", help="How many documents."),
+    where: str | None = typer.Option(
+        None,
+        "--where",
+        help="Only documents for which this DuckDB SQL condition over the columns holds, e.g. "
+        "\"language = 'en' AND quality_score < 0.2\".",
+    ),
+    chars: int = typer.Option(500, "--chars", help="Characters of each text to show."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the documents, whole, as one JSON object."
+    ),
+) -> None:
+    """The first documents of a document set (with --where, the first that match).
+
+    Examples:
+      keel data head scored/ -n 3
+      keel data head scored/ --where "quality_score < 0.2 AND length(text) > 1000"
+    """
+    documents = head(path, n, where)
+    if as_json:
+        print_json({"documents": documents})
         return
-    table = Table("what", "value", title=f"{stats.kind}: {path}")
-    table.add_row("documents", f"{stats.documents:,}")
-    table.add_row("files", f"{stats.files:,}")
-    table.add_row("bytes", f"{stats.bytes:,}")
-    if stats.tokens is not None:
-        table.add_row("tokens", f"{stats.tokens:,}")
-    if stats.stage is not None:
-        table.add_row("stage", stats.stage.stage)
-        table.add_row("documents in", f"{stats.stage.documents_in:,}")
-        for reason, count in sorted(stats.stage.dropped.items()):
-            table.add_row(f"dropped: {reason}", f"{count:,}")
-    stdout.print(table)
+    if not documents:
+        stderr.print(f"no documents{' match' if where else ''} in {path}")
+        return
+    show_documents(documents, chars)
 
 
 def _mix_source(text: str) -> MixSource:

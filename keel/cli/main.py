@@ -42,7 +42,12 @@ COMMANDS: dict[str, LazyCommand] = {
         "Run the steps an experiment file declares; committed steps are reused, not re-run.",
     ),
     "status": LazyCommand(
-        "steps_commands", "List the steps under a prefix: state, age and output path."
+        "steps_commands",
+        "List the steps under a prefix (or one experiment's steps): state, age and output path.",
+    ),
+    "gc": LazyCommand(
+        "steps_commands",
+        "List (with --yes remove) the step outputs under a prefix that no kept experiment uses.",
     ),
     "quickstart": LazyCommand(
         "steps_commands",

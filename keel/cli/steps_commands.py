@@ -1,4 +1,4 @@
-"""`keel run`, `keel status` and `keel quickstart`: running experiment files of steps."""
+"""`keel run`, `keel status`, `keel gc` and `keel quickstart`: running experiment files of steps."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from keel.cli.output import fail, print_json, stderr, stdout, user_errors
+from keel.cluster.backend import require_ray
 from keel.cluster.steps import ClusterSteps
 from keel.core import paths
 from keel.core.errors import UsageError
@@ -27,11 +28,15 @@ from keel.steps import (
     run,
 )
 from keel.steps.executor import Execute
+from keel.steps.gc import UnusedOutput, remove_output, unused_outputs
 from keel.steps.record import git_commit
+from keel.steps.store import StepEntry
 from keel.telemetry import TelemetryStore
 from keel.telemetry.sink import TARGET_ENV
 
 DEFAULT_PREFIX = "keel-out"
+NOT_RUN = "NOT RUN"
+"""`keel status EXPERIMENT.py`'s state of a step with no output and no attempt."""
 FLOW_BACKENDS = ("local", "ray")
 
 PREFIX = typer.Option(
@@ -60,6 +65,7 @@ SET = typer.Option(
 def register(app: typer.Typer) -> None:
     app.command("run")(run_command)
     app.command("status")(status_command)
+    app.command("gc")(gc_command)
     app.command("quickstart")(quickstart_command)
 
 
@@ -138,29 +144,31 @@ def quickstart_command(
 
 
 @user_errors
-def status_command(prefix: str = PREFIX, as_json: bool = JSON) -> None:
-    """List the steps under a prefix: state, age and output path.
+def status_command(
+    experiment: Path | None = typer.Argument(
+        None, help="Show only this experiment file's steps (with NOT RUN for those never run)."
+    ),
+    prefix: str = PREFIX,
+    overrides: list[str] = SET,
+    as_json: bool = JSON,
+) -> None:
+    """List the steps under a prefix (or one experiment's steps): state, age and output path.
 
-    Example: keel status --prefix keel-out --json
+    Examples:
+      keel status --prefix keel-out --json
+      keel status experiments/my_exp.py --set train.lr=3e-4
     """
-    entries = StepStore(prefix).entries()
+    store = StepStore(prefix)
+    entries: list[StepEntry | Step] = list(store.entries())
+    if experiment is not None:
+        by_dir = {entry.dir_name: entry for entry in entries if isinstance(entry, StepEntry)}
+        steps = all_steps(override_steps(load_experiment(experiment), overrides))
+        entries = [by_dir.get(step.dir_name, step) for step in steps]  # a Step: never run here
+    elif overrides:
+        raise UsageError("--set needs an experiment file: keel status EXPERIMENT.py --set ...")
     if as_json:
-        print_json(
-            {
-                "prefix": paths.normalize(prefix),
-                "steps": [
-                    {
-                        "name": entry.record.name,
-                        "hash": entry.record.identity[:8],
-                        "state": entry.state,
-                        "age_seconds": round(entry.record.age_seconds(), 3),
-                        "output": entry.record.output,
-                        "error": entry.record.error,
-                    }
-                    for entry in entries
-                ],
-            }
-        )
+        rows = [_status_row(entry, store) for entry in entries]
+        print_json({"prefix": paths.normalize(prefix), "steps": rows})
         return
     if not entries:
         stderr.print(f"no steps under {paths.normalize(prefix)}")
@@ -168,9 +176,97 @@ def status_command(prefix: str = PREFIX, as_json: bool = JSON) -> None:
     table = Table("step", "state", "age", "output")
     colors = {"SUCCESS": "green", "FAILED": "red", "RUNNING": "yellow", "INTERRUPTED": "magenta"}
     for entry in entries:
+        if isinstance(entry, Step):
+            table.add_row(entry.dir_name, f"[dim]{NOT_RUN}[/]", "-", "-")
+            continue
         state = f"[{colors.get(entry.state, 'white')}]{entry.state}[/]"
         table.add_row(entry.dir_name, state, _age(entry.record.age_seconds()), entry.record.output)
     stdout.print(table)
+
+
+def _status_row(entry: StepEntry | Step, store: StepStore) -> dict:
+    """One step of `keel status --json`; a Step stands for one never run under the prefix."""
+    if isinstance(entry, Step):
+        return {
+            "name": entry.name,
+            "hash": entry.identity[:8],
+            "state": NOT_RUN,
+            "age_seconds": None,
+            "output": store.output(entry),
+            "error": None,
+        }
+    return {
+        "name": entry.record.name,
+        "hash": entry.record.identity[:8],
+        "state": entry.state,
+        "age_seconds": round(entry.record.age_seconds(), 3),
+        "output": entry.record.output,
+        "error": entry.record.error,
+    }
+
+
+@user_errors
+def gc_command(
+    keep: list[Path] = typer.Option(
+        [], "--keep", help="An experiment file whose steps' outputs stay (repeatable)."
+    ),
+    more: list[Path] = typer.Argument(
+        None, metavar="EXPERIMENT.py", help="More experiment files to keep, as --keep."
+    ),
+    prefix: str = PREFIX,
+    yes: bool = typer.Option(False, "--yes", help="Remove the listed outputs (default: list)."),
+    as_json: bool = JSON,
+) -> None:
+    """List (with --yes remove) the step outputs under a prefix that no kept experiment uses.
+
+    Only committed step outputs (`NAME-HASH8/` with its step record) are ever listed or removed;
+    anything else under the prefix is left alone. Without --yes nothing is removed.
+
+    Examples:
+      keel gc --keep experiments/main.py --keep experiments/ablation.py
+      keel gc --keep experiments/main.py --prefix /data/keel --yes
+    """
+    experiments = [*keep, *(more or [])]
+    if not experiments:
+        raise UsageError(
+            "name the experiments whose outputs to keep: keel gc --keep EXPERIMENT.py ..."
+        )
+    kept = {step.dir_name for file in experiments for step in all_steps(load_experiment(file))}
+    store = StepStore(prefix)
+    unused = unused_outputs(store, kept)
+    if yes:
+        for output in unused:
+            remove_output(store, output)
+    if as_json:
+        print_json(
+            {
+                "prefix": store.prefix,
+                "removed": yes,
+                "outputs": [
+                    {"name": u.record.name, "output": u.output, "bytes": u.bytes} for u in unused
+                ],
+            }
+        )
+        return
+    _show_unused(unused, store.prefix, yes)
+
+
+def _show_unused(unused: list[UnusedOutput], prefix: str, removed: bool) -> None:
+    total = sum(output.bytes for output in unused)
+    if not unused:
+        stderr.print(f"nothing to remove: every step output under {prefix} is kept")
+        return
+    table = Table("step output", "age", "size", title="removed" if removed else "unused (dry run)")
+    for output in unused:
+        table.add_row(output.output, _age(output.record.age_seconds()), _size(output.bytes))
+    stdout.print(table)
+    if removed:
+        stderr.print(f"removed {len(unused)} step outputs ({_size(total)})")
+    else:
+        stderr.print(
+            f"{len(unused)} step outputs ({_size(total)}) are used by no kept experiment; "
+            "nothing removed: add --yes to remove them"
+        )
 
 
 def _use_backend(backend: str | None) -> None:
@@ -179,6 +275,8 @@ def _use_backend(backend: str | None) -> None:
         return
     if backend not in FLOW_BACKENDS:
         raise UsageError(f"--backend {backend!r}: use one of {', '.join(FLOW_BACKENDS)}")
+    if backend == "ray":
+        require_ray("--backend ray")
     os.environ[BACKEND_ENV] = backend
 
 
@@ -223,6 +321,8 @@ def _show_plan(steps: list[Step], prefix: str, force: str | None, as_json: bool)
                 "cached": [p.step.name for p in planned if p.action == "cached"],
                 "failed": [],
                 "to_run": [p.step.name for p in planned if p.action == "run"],
+                "why": {p.step.name: p.reason for p in planned if p.action == "run"},
+                "changes": {p.step.name: p.diff.to_dict() for p in planned if p.diff},
             }
         )
         return
@@ -318,6 +418,16 @@ def _telemetry_line(telemetry: str | None, run: str) -> str:
         f"telemetry: {rows.column('n')[0].as_py():,} metric rows of this run in {telemetry}: "
         f'keel logs query --root {telemetry} "{query}"\n'
     )
+
+
+def _size(size: int) -> str:
+    """Bytes as B, KiB, MiB, GiB or TiB."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
 
 
 def _age(seconds: float) -> str:

@@ -12,9 +12,15 @@ that cluster for the tick rather than calling its tasks lost.
 from __future__ import annotations
 
 import enum
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from keel.core.errors import UsageError
+
+RAY_INSTALL = "pip install 'keel[ray]'"
+"""How to install Ray for keel: pyproject.toml's `ray` extra."""
 
 
 class TaskState(enum.StrEnum):
@@ -102,3 +108,12 @@ class ScaleGroup(Protocol):
     def scale_to(self, cpus: float) -> float:
         """Offer about `cpus` (clamped to the group's limits); return what is offered now."""
         ...
+
+
+def require_ray(what: str) -> None:
+    """Raise UsageError (one line: what needs Ray, how to install it) when Ray is not installed.
+
+    Looks for the package without importing it (importing Ray takes seconds), so a command can
+    check its `--backend ray` before doing any work."""
+    if importlib.util.find_spec("ray") is None:
+        raise UsageError(f"{what} needs Ray, which is not installed: {RAY_INSTALL}")

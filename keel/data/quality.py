@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ from keel.data import documents
 from keel.data.heuristics import heuristic_columns
 from keel.data.langid import language_columns
 from keel.flow import RunOptions, read_parquet
+
+logger = logging.getLogger(__name__)
 
 STAGE = "quality"
 QUALITY_COLUMN = "quality_score"
@@ -260,6 +263,13 @@ def run_quality(
     `output`; then stage.json. No document is dropped."""
     with documents.stage_output(output, input) as staging:
         model = QualityModel.load(config.model_path) if config.model_path else None
+        if model is None:
+            logger.warning(
+                "quality: no model (--model), so %s is not computed: the documents have no "
+                "score (null) for `keel data filter --set min_quality_score=...` or `keel data "
+                "stats`; train one with `keel data train-quality`",
+                QUALITY_COLUMN,
+            )
 
         def annotate(batch: pa.RecordBatch) -> pa.RecordBatch:
             return quality_attributes(batch, model)

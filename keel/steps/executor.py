@@ -31,6 +31,7 @@ from typing import Any
 from keel.core import paths
 from keel.core.errors import UsageError
 from keel.steps.context import running_step
+from keel.steps.diff import StepDiff, committed_by_name, diff_step
 from keel.steps.lock import LockSettings, StepLock
 from keel.steps.record import Status, StepRecord, host_name, keel_version, utc_now
 from keel.steps.step import Step, all_steps, resolve_config
@@ -48,12 +49,16 @@ class Outcome(StrEnum):
 
 @dataclass(frozen=True)
 class PlannedStep:
-    """What a run would do with one step: `action` is "cached" or "run"; `reason` says why."""
+    """What a run would do with one step: `action` is "cached" or "run"; `reason` says why.
+
+    For a step to run, `diff` says what differs from its nearest cached output (keel.steps.diff);
+    `reason` is then that diff in one line (`value: 1 -> 5`, `upstream changed: a`)."""
 
     step: Step
     output: str
     action: str
     reason: str
+    diff: StepDiff | None = None
 
 
 @dataclass
@@ -85,19 +90,26 @@ def plan(roots: list[Step], prefix: str, force: str | None = None) -> list[Plann
     """The run's plan, dependencies first, without running or locking anything."""
     store = StepStore(prefix)
     forced = _force_pattern(force)
+    ordered = all_steps(roots)
+    names = {step.identity: step.name for step in ordered}
+    cached = {step.identity for step in ordered if store.is_committed(step)}
+    committed = committed_by_name(
+        store, {step.name for step in ordered if step.identity not in cached}
+    )
     planned = []
-    for step in all_steps(roots):
+    for step in ordered:
         output = store.output(step)
         if forced is not None and forced.search(step.name):
             planned.append(PlannedStep(step, output, "run", "forced"))
-        elif store.is_committed(step):
+        elif step.identity in cached:
             planned.append(PlannedStep(step, output, "cached", "output committed"))
         else:
+            diff = diff_step(step, committed.get(step.name, []), names)
             attempt = store.attempt_record(step.dir_name)
-            reason = (
-                "failed before" if attempt and attempt.status is Status.FAILED else "not run yet"
-            )
-            planned.append(PlannedStep(step, output, "run", reason))
+            reason = diff.describe()
+            if attempt and attempt.status is Status.FAILED:
+                reason = "failed before" if diff.nearest is None else f"failed before; {reason}"
+            planned.append(PlannedStep(step, output, "run", reason, diff))
     return planned
 
 
