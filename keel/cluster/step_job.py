@@ -12,6 +12,7 @@ from pathlib import Path
 from keel.steps import all_steps, load_experiment, override_steps
 from keel.steps.context import running_step
 from keel.steps.step import output_path, resolve_config
+from keel.steps.store import work_dir
 
 
 def main(arguments: list[str]) -> None:
@@ -20,7 +21,7 @@ def main(arguments: list[str]) -> None:
     step = next((s for s in steps if s.name == name), None)
     if step is None:
         raise SystemExit(f"error: {experiment} has no step {name!r}")
-    with running_step(output_path(prefix, step)):
+    with running_step(output_path(prefix, step), work_dir(prefix, step)):
         step.fn(resolve_config(step.config, prefix), staging)
 
 

@@ -123,6 +123,20 @@ def move_file(source: str, target: str) -> None:
     fs.rm_file(fs_path)
 
 
+def move_tree(source: str, target: str) -> None:
+    """Move everything under directory `source` into directory `target` (made if missing),
+    keeping relative paths; `source` is left empty. Renames when both are local (one file
+    system: a rename per top-level entry), otherwise a copy and delete per file."""
+    make_dirs(target)
+    if is_local(source) and is_local(target):
+        for entry in list_dir(source):
+            os.replace(local_path(join(source, entry)), local_path(join(target, entry)))
+        return
+    fs, fs_root = filesystem(source)
+    for file in fs.find(fs_root):
+        move_file(fs.unstrip_protocol(file), join(target, posixpath.relpath(file, fs_root)))
+
+
 def make_dirs(path: str | os.PathLike[str]) -> None:
     if is_local(path):
         local_path(path).mkdir(parents=True, exist_ok=True)

@@ -247,7 +247,7 @@ class _Runner:
         logger.info("%s: running -> %s", step.name, record.output)
         began = time.monotonic()
         try:
-            with running_step(record.output):
+            with running_step(record.output, self.store.work_dir(step)):
                 self.execute(step, resolve_config(step.config, self.store.prefix), staging)
             lock.check_held()
             done = record.finished(Status.SUCCESS)

@@ -6,6 +6,8 @@
         lock.json                              the heartbeated lock (see lock.py)
         attempt.json                           record of the latest attempt: RUNNING/SUCCESS/FAILED
         staging-{attempt}/                     where an attempt writes before its commit
+        work/                                  kept across attempts (a training run's checkpoints),
+                                               removed after the commit (context.step_work_dir)
 
 The output directory holds only what the step wrote plus its record, so downstream steps and users
 can read it as plain files; a FAILED or interrupted attempt never appears there.
@@ -26,6 +28,11 @@ RECORD = ".keel/step.json"
 """The record inside a committed output; written last, so it marks the commit."""
 
 CONTROL_DIR = ".keel/steps"
+
+
+def work_dir(prefix: str, step: Step) -> str:
+    """`{prefix}/.keel/steps/{name}-{hash8}/work`: see StepStore.work_dir."""
+    return paths.join(paths.normalize(prefix), *CONTROL_DIR.split("/"), step.dir_name, "work")
 
 
 class StepStore:
@@ -72,10 +79,16 @@ class StepStore:
         paths.make_dirs(staging)
         return attempt, staging
 
+    def work_dir(self, step: Step) -> str:
+        """The step's work directory: what its attempts keep for a rerun (see context.py)."""
+        return work_dir(self.prefix, step)
+
     def commit(self, staging: str, record: StepRecord, step: Step) -> None:
-        """Write the SUCCESS record into `staging`, then publish it as the step's output."""
+        """Write the SUCCESS record into `staging`, publish it as the step's output, then drop
+        the step's work directory (nothing is left to resume)."""
         paths.write_text(paths.join(staging, *RECORD.split("/")), record.to_json())
         commit_directory(staging, self.output(step), marker=RECORD)
+        paths.remove_tree(self.work_dir(step))
 
     def entries(self) -> list[StepEntry]:
         """Every step known under the prefix, committed or attempted, sorted by name."""
