@@ -16,6 +16,7 @@ from keel.cli.train_commands import bundled_cache
 from keel.core import paths
 from keel.core.config import apply_overrides, load_config
 from keel.core.errors import ConfigError, KeelError
+from keel.core.stop import install_handler as install_stop_handler
 from keel.scaling.screen import BaselineFit, ScreenConfig, read_screen, screen_steps
 from keel.steps import output_path, run
 from keel.train.config import TrainConfig
@@ -90,6 +91,7 @@ def screen_command(
     if not config.base.data and not all(phase.mixture for phase in config.base.phases):
         caches = (bundled_cache(prefix),)
     steps = screen_steps(config, caches)
+    install_stop_handler()  # SIGTERM: a training step checkpoints and stops (keel.core.stop)
     report = run(steps, paths.normalize(prefix))
     if not report.ok:
         name, error = next(iter(report.errors.items()))

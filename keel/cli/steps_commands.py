@@ -15,6 +15,7 @@ from keel.cluster.backend import require_ray
 from keel.cluster.steps import ClusterSteps
 from keel.core import paths
 from keel.core.errors import UsageError
+from keel.core.stop import install_handler as install_stop_handler
 from keel.flow.runner import BACKEND_ENV
 from keel.steps import (
     RunReport,
@@ -294,6 +295,7 @@ def _run_steps(
     if dry_run:
         _show_plan(steps, prefix, force, as_json)
         return None
+    install_stop_handler()  # SIGTERM: a training step checkpoints and stops (keel.core.stop)
     report = run(
         steps,
         prefix,

@@ -16,6 +16,7 @@ from keel.cli.train_commands import bundled_cache, load_train_config
 from keel.core import paths
 from keel.core.config import load_config
 from keel.core.errors import KeelError, UsageError
+from keel.core.stop import install_handler as install_stop_handler
 from keel.scaling.ladder import LADDER_FILE, Comparison, compare_to_ladder, load_ladder
 from keel.scaling.sweep import (
     RUNS_FILE,
@@ -150,6 +151,7 @@ def _show_plan(planned: list[SweepPoint], dry_run: bool) -> None:
 
 
 def _run(steps: list[Step], prefix: str, max_parallel: int) -> None:
+    install_stop_handler()  # SIGTERM: a training step checkpoints and stops (keel.core.stop)
     report = run(steps, prefix, max_parallel=max_parallel)
     if not report.ok:
         first, error = next(iter(report.errors.items()))

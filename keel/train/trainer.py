@@ -33,6 +33,8 @@ import numpy as np
 from keel.core import paths
 from keel.core.config import dump_config, load_config, to_dict
 from keel.core.errors import ConfigError, UsageError
+from keel.core.stop import Stopped, stop_requested, stoppable
+from keel.core.stop import install_handler as install_stop_handler
 from keel.data.token_cache import TokenCache
 from keel.model.size import flops_per_token
 from keel.steps.context import step_output
@@ -135,13 +137,25 @@ def train(
     peak = (config.peak_flops or device_peak(compute_dtype=_dtype(config))) * layout.mesh.size
     result = TrainResult(output, config.total_steps, resumed_from)
     telemetry_target = config.telemetry or os.environ.get(TARGET_ENV, "")
+    if jax.process_count() == 1:  # a gang hears SIGTERM through JAX's preemption service
+        install_stop_handler()
     with (
         paths.open_file(metrics_path if primary else os.devnull, "a") as metrics_file,
         MetricsSink(telemetry_target if primary else "", run=step_output() or output) as telemetry,
+        stoppable(),
     ):
         log = _StepLog(config, peak, metrics_file, telemetry, checkpoints, on_step)
         pending: _PendingStep | None = None
         for plan, step in _schedule(data.phases, int(state.step)):
+            if _stop_requested_at(step):  # SIGTERM: save the state after `step` updates, stop
+                if pending is not None:
+                    log.write(log.read(pending))
+                checkpoints.save(state, force=True)
+                checkpoints.close()
+                raise Stopped(
+                    f"stopped by SIGTERM after step {step}: checkpoint saved in "
+                    f"{checkpoints.directory}; run the same command again to resume from it"
+                )
             started = time.perf_counter()
             shape = (config.batch_size, plan.phase.seq_len + 1)
             window = place_batch(layout, partial(plan.loader.batch, step - plan.start), shape)
@@ -166,6 +180,16 @@ def train(
     elif paths.exists(result_path):  # already trained to the end: nothing ran
         result.last = json.loads(paths.read_text(result_path))
     return result
+
+
+def _stop_requested_at(step: int) -> bool:
+    """Whether to stop before `step`'s update: on SIGTERM (keel.core.stop); in a gang, at the
+    step JAX's preemption sync point agrees on, the same step on every process."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.reached_preemption_sync_point(step)
+    return stop_requested()
 
 
 def dispatch_update(
