@@ -29,7 +29,7 @@ from keel.telemetry import times
 from keel.telemetry.encoding import choose_encodings
 from keel.telemetry.manifest import SegmentEntry
 from keel.telemetry.schema import NamespaceOptions
-from keel.telemetry.sidecar import SegmentIndex, build_index, save_index
+from keel.telemetry.sidecar import SegmentIndex, build_index, is_key_type, save_index
 
 COMPRESSION = "zstd"
 CLUSTER_SPAN_ROWS = 262_144  # keys are grouped within spans of this many arrivals
@@ -92,11 +92,11 @@ def group_order_column(
     fewest distinct values, null counted as one (2..GROUP_ORDER_MAX_VALUES); None if none has."""
     candidates = options.count_columns
     if candidates is None:
-        candidates = [f.name for f in table.schema if _is_category_type(f.type)]
+        candidates = [f.name for f in table.schema if is_key_type(f.type)]
     sample = table.slice(0, GROUP_ORDER_SAMPLE_ROWS)
     best, best_distinct = None, GROUP_ORDER_MAX_VALUES + 1
     for name in candidates:
-        if name in exclude or not _is_category_type(table.schema.field(name).type):
+        if name in exclude or not is_key_type(table.schema.field(name).type):
             continue
         if pc.count_distinct(sample.column(name), mode="all").as_py() >= best_distinct:
             continue  # cheap check first: a message column is never counted whole
@@ -216,7 +216,3 @@ def _time_or_none(values: np.ndarray | None, unit: str | None, pick) -> int | No
         return None
     present = [int(v) for v in values if v not in (2**63 - 1, -(2**63))]
     return times.to_nanoseconds(pick(present), unit) if present else None
-
-
-def _is_category_type(kind: pa.DataType) -> bool:
-    return pa.types.is_string(kind) or pa.types.is_integer(kind) or pa.types.is_boolean(kind)
