@@ -3,7 +3,11 @@
 Rows are kept in arrival order across spans of 262,144 rows and grouped by a key column (a job id)
 then time inside each span: one key's rows of a span land in one or two row groups (16,384 rows by
 default), which lets postings skip the rest. Time ranges skip whole spans, not single row groups:
-every row group of a span covers the span's stretch of time. Columns are encoded as
+every row group of a span covers the span's stretch of time. Inside each row group rows are then
+ordered by the namespace's lowest-cardinality column (a log level), keeping the key and time
+order within each of its values, and data pages are small (64 KiB): a filter on that column
+(`level = 'ERROR'`) then selects one run of rows per row group, and DuckDB's scan skips the other
+pages of every column instead of decompressing whole row groups. Columns are encoded as
 keel/telemetry/encoding.py chooses (dictionaries only where values repeat). A segment is written
 under a temporary name, fsynced and renamed; it becomes visible only when the manifest names it.
 Its checksum (xxh3-64 of the file) ties it to its sidecar index."""
@@ -25,10 +29,13 @@ from keel.telemetry import times
 from keel.telemetry.encoding import choose_encodings
 from keel.telemetry.manifest import SegmentEntry
 from keel.telemetry.schema import NamespaceOptions
-from keel.telemetry.sidecar import SegmentIndex, build_index, save_index
+from keel.telemetry.sidecar import SegmentIndex, build_index, is_key_type, save_index
 
 COMPRESSION = "zstd"
 CLUSTER_SPAN_ROWS = 262_144  # keys are grouped within spans of this many arrivals
+DATA_PAGE_BYTES = 64 * 1024  # Parquet data page size (pyarrow's default: 1 MiB)
+GROUP_ORDER_MAX_VALUES = 256  # a row-group order column has 2..this many distinct values
+GROUP_ORDER_SAMPLE_ROWS = 16_384  # columns with more distinct values in this many rows: skipped
 
 
 def segment_path(directory: Path, name: str) -> Path:
@@ -77,6 +84,42 @@ def cluster_order(table: pa.Table, keys: list[str], span_rows: int) -> np.ndarra
     return np.lexsort(columns)
 
 
+def group_order_column(
+    table: pa.Table, options: NamespaceOptions, exclude: list[str]
+) -> str | None:
+    """The column rows are ordered by inside each row group: among the declared count columns
+    (or else the string, integer and boolean columns) other than `exclude`, the one with the
+    fewest distinct values, null counted as one (2..GROUP_ORDER_MAX_VALUES); None if none has."""
+    candidates = options.count_columns
+    if candidates is None:
+        candidates = [f.name for f in table.schema if is_key_type(f.type)]
+    sample = table.slice(0, GROUP_ORDER_SAMPLE_ROWS)
+    best, best_distinct = None, GROUP_ORDER_MAX_VALUES + 1
+    for name in candidates:
+        if name in exclude or not is_key_type(table.schema.field(name).type):
+            continue
+        if pc.count_distinct(sample.column(name), mode="all").as_py() >= best_distinct:
+            continue  # cheap check first: a message column is never counted whole
+        distinct = pc.count_distinct(table.column(name), mode="all").as_py()
+        if 2 <= distinct < best_distinct:
+            best, best_distinct = name, distinct
+    return best
+
+
+def row_group_order(codes: np.ndarray, row_group_rows: int) -> np.ndarray:
+    """Row order that keeps every row in its row group (consecutive runs of `row_group_rows`
+    rows) and, inside each, groups rows by `codes` (int64 [rows], e.g. a level's dictionary
+    codes), keeping their previous order within each code (int64 [rows])."""
+    positions = np.arange(len(codes))
+    return np.lexsort([positions, codes, positions // max(1, row_group_rows)])
+
+
+def category_codes(column: pa.ChunkedArray) -> np.ndarray:
+    """Equal values of `column` as equal integers (order of first appearance; null: -1)."""
+    indices = pc.dictionary_encode(column.combine_chunks()).indices
+    return indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
 def write_segment(
     directory: Path,
     table: pa.Table,
@@ -88,13 +131,9 @@ def write_segment(
 ) -> tuple[SegmentEntry, SegmentIndex]:
     """Write and index `table` as segment `name` (sorted by cluster key and time first, unless
     `sort` is False); return its manifest entry and index."""
-    if sort and table.num_rows > 1:
-        cluster = cluster_column(table, options)
-        keys = [cluster] if cluster else []
-        if options.time_column and options.time_column not in keys:
-            keys.append(options.time_column)
-        if keys:
-            table = table.take(cluster_order(table, keys, CLUSTER_SPAN_ROWS))
+    order = layout_order(table, options, row_group_rows, sort=sort) if table.num_rows > 1 else None
+    if order is not None:
+        table = table.take(order)
     final = segment_path(directory, name)
     temporary = directory / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
     encodings = choose_encodings(table, row_group_rows)
@@ -103,6 +142,7 @@ def write_segment(
         temporary,
         compression=COMPRESSION,
         row_group_size=row_group_rows,
+        data_page_size=DATA_PAGE_BYTES,
         write_statistics=True,
         use_dictionary=encodings.dictionary,
         column_encoding=encodings.column_encoding or None,
@@ -128,6 +168,29 @@ def write_segment(
         max_time=_time_or_none(index.time_max, index.time_unit, max),
     )
     return entry, index
+
+
+def layout_order(
+    table: pa.Table, options: NamespaceOptions, row_group_rows: int, *, sort: bool
+) -> np.ndarray | None:
+    """The order a segment's rows are written in (int64 [rows]; None: as they are): clustered
+    by key and time within spans (unless `sort` is False: rows already clustered, as in merged
+    segments), then grouped by the row-group order column inside each row group."""
+    keys = [options.time_column] if options.time_column else []
+    order = None
+    if sort:
+        cluster = cluster_column(table, options)
+        if cluster is not None:
+            keys = [cluster, *(k for k in keys if k != cluster)]
+        if keys:
+            order = cluster_order(table, keys, CLUSTER_SPAN_ROWS)
+    column = group_order_column(table, options, exclude=keys)
+    if column is None:
+        return order
+    codes = category_codes(table.column(column))
+    if order is None:
+        return row_group_order(codes, row_group_rows)
+    return order[row_group_order(codes[order], row_group_rows)]
 
 
 def rebuild_index(

@@ -173,7 +173,7 @@ def build_index(
         column = table.column(options.time_column)
         index.time_unit = column.type.unit
         index.time_min, index.time_max = _time_bounds(column, bounds)
-    indexable = [f.name for f in table.schema if _is_key_type(f.type)]
+    indexable = [f.name for f in table.schema if is_key_type(f.type)]
     longest = {name: _longest_value(table.column(name)) for name in table.schema.names}
     distinct = {
         name: pc.count_distinct(table.column(name), mode="all").as_py() for name in indexable
@@ -308,7 +308,8 @@ def load_index(path: Path, checksum: str) -> SegmentIndex | None:
     return index
 
 
-def _is_key_type(kind: pa.DataType) -> bool:
+def is_key_type(kind: pa.DataType) -> bool:
+    """Strings, integers and booleans: the types with postings and value counts."""
     return pa.types.is_string(kind) or pa.types.is_integer(kind) or pa.types.is_boolean(kind)
 
 
