@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from keel.cluster import state
+from keel.cluster import heap, state
 from keel.cluster.backend import Capacity, ScaleGroup, TaskBackend, TaskState
 from keel.cluster.capacity import take_capacities, write_capacities
 from keel.cluster.checkpoint import BACKSTOP_PAGES, Checkpointer
@@ -144,16 +144,15 @@ class Controller:
             self.launcher.write_handles()  # the last tick's launches, before their news
             report.finished, to_cancel = self._reconcile(changes)
             self._apply_capacities(capacities)
-            running = list(self._running.values())
             pending = self._queue.ordered()
-            launches, preempted = self._schedule(pending, running, report)
+            launches, preempted = self._schedule(pending, report)
         self.checkpointer.committed(self.database)
         for cluster, active in to_cancel:
             self._cancel(cluster, active)
         self._launch(launches)
         for cluster, active in preempted:
             self._cancel(cluster, active)
-        self._autoscale(pending, running)
+        self._autoscale(pending)
         self.logs.stream()
         report.seconds = time.perf_counter() - began
         return report
@@ -193,11 +192,17 @@ class Controller:
         """Ask the backends about every active attempt (launching again those recorded before
         a crash whose launch was never confirmed); return the attempts' changes as rows for
         `UPDATE attempts`: (state, exit code, reason, ended at, *key)."""
-        for attempt in [a for a in self._attempts.values() if a["handle"] is None]:
-            self._relaunch(attempt)
         by_cluster: dict[str, list[Any]] = {}
-        for attempt in self._attempts.values():  # polled: a backend counts what it adopted
-            if attempt["handle"] is not None:
+        unlaunched = []
+        for attempt in self._attempts.values():
+            if attempt["handle"] is None:
+                unlaunched.append(attempt)
+            else:
+                by_cluster.setdefault(attempt["cluster"], []).append(attempt)
+        for attempt in unlaunched:
+            self._relaunch(attempt)
+            if attempt["handle"] is not None and self._attempts.get(key(attempt)) is attempt:
+                # polled too: a backend counts what it adopted
                 by_cluster.setdefault(attempt["cluster"], []).append(attempt)
         changes = []
         now = time.time()
@@ -262,8 +267,9 @@ class Controller:
         finished = 0
         to_cancel: list[tuple[str, list[dict]]] = []
         if jobs:
+            latest = self._latest
             for job in jobs:
-                tasks = list(self._latest.get(job["id"], {}).values())
+                tasks = list(latest[job["id"]].values()) if job["id"] in latest else []
                 active = [t for t in tasks if t["state"] in ACTIVE]
                 outcome = job["outcome"]
                 if job["state"] == "running" and not outcome:
@@ -277,6 +283,7 @@ class Controller:
                             "UPDATE jobs SET outcome = ? WHERE id = ?", (outcome, job["id"])
                         )
                         job["outcome"] = outcome
+                        self._set_view(job["id"])
                         to_cancel.append((job["cluster"], active))
                 if active:
                     continue
@@ -315,29 +322,31 @@ class Controller:
         if final != "succeeded":  # a success is its job's row (state.job_events reads it)
             kind = "requeued" if final == "pending" else final
             self._events.append((now, job["id"], kind, reason))
-        self._running.pop(job["id"], None)
-        self._latest.pop(job["id"], None)
-        row = self._rows.pop(job["id"], None) if final != "pending" else self._rows[job["id"]]
-        cluster = job["cluster"]
-        if row is not None:
-            row.update(
+        job_id, cluster = job["id"], job["cluster"]
+        self._running.pop(job_id, None)
+        self._running_views.pop(job_id, None)
+        self._latest.pop(job_id, None)
+        self._queue.remove(job_id)
+        self._reasons.pop(job_id, None)
+        self._untried.discard(job_id)
+        if final == "pending":
+            self._rows[job_id].update(
                 state=final,
                 outcome="",
                 cluster=None,
                 failures=self._ends[-1][4],
                 preemptions=self._ends[-1][5],
             )
-        self._queue.remove(job["id"])
-        self._reasons.pop(job["id"], None)
-        self._untried.discard(job["id"])
-        if final == "pending":
-            self._requeued.append(job["id"])
-        info = self._jobs.get(job["id"]) if final == "pending" else self._jobs.pop(job["id"], None)
+            self._requeued.append(job_id)
+            info = self._jobs.get(job_id)
+        else:
+            self._rows.pop(job_id, None)
+            info = self._jobs.pop(job_id, None)
         # A cluster reported after this tick's poll has the capacity of what ended already.
         if info is not None and cluster in self._leaving and cluster not in self._reporting:
             self._leaving[cluster].append(
                 RunningJob(
-                    job["id"],
+                    job_id,
                     cluster,
                     info.spec.priority,
                     info.pending.sequence,
@@ -400,6 +409,7 @@ class Controller:
         for job_id in news.cancel_requested:
             if job_id in self._running:
                 self._running[job_id]["cancel_requested"] = 1
+                self._set_view(job_id)
         for row, info in news.jobs:
             job_id = row["id"]
             self._jobs[job_id] = info
@@ -410,6 +420,7 @@ class Controller:
                     self._untried.add(job_id)
             else:
                 self._running[job_id] = row
+                self._set_view(job_id)
         for job_id in news.cancelled:
             if job_id in self._queue:
                 self._queue.remove(job_id)
@@ -417,33 +428,20 @@ class Controller:
                 self._rows.pop(job_id, None)
                 self._reasons.pop(job_id, None)
                 self._untried.discard(job_id)
+        if news.first:  # the state is loaded: what is alive now stays (keel.cluster.heap)
+            heap.settle()
 
     def _schedule(
-        self, queue: list[PendingJob], running: list[dict], report: TickReport
+        self, queue: list[PendingJob], report: TickReport
     ) -> tuple[list[tuple[dict[str, Any], JobSpec]], list[tuple[str, list]]]:
         """Decide the round (when jobs are queued) and write it, inside the tick's transaction;
         return the attempts to launch and the preempted attempts to cancel once it commits."""
         if not queue:
             return [], []
+        # Every running job, as the scheduler sees it (kept up to date by `_set_view`), and the
+        # jobs that left a cluster since its last report.
         stopping = [job for jobs in self._leaving.values() for job in jobs]
-        views = self._running_views
-        for row in running:
-            job_id, cluster = row["id"], row["cluster"]
-            leaving = row["state"] == "preempted" or bool(row["outcome"] or row["cancel_requested"])
-            view = views.get(job_id)
-            if view is None or view.stopping != leaving or view.cluster != cluster:
-                info = self._jobs[job_id]
-                view = views[job_id] = RunningJob(
-                    job_id,
-                    cluster,
-                    info.spec.priority,
-                    info.pending.sequence,
-                    info.pending.demand,
-                    leaving,
-                )
-            stopping.append(view)
-        if len(views) > 2 * len(running) + 1000:  # forget jobs that ended
-            self._running_views = {row["id"]: views[row["id"]] for row in running}
+        stopping += self._running_views.values()
         clusters = [
             ClusterView(
                 name, self._totals.get(name, {}), self.ledger.free(name), self.regions.get(name, "")
@@ -467,6 +465,7 @@ class Controller:
             state.event(self.database, job_id, "preempted")
             job = self._running[job_id]
             job.update(state="preempted", outcome=outcome)
+            self._set_view(job_id)
             active = [t for t in self._latest.get(job_id, {}).values() if t["state"] in ACTIVE]
             cancels.append((job["cluster"], active))
             report.preempted += 1
@@ -495,6 +494,7 @@ class Controller:
         for job_id, outcome in refused.items():
             if job_id in self._running:
                 self._running[job_id]["outcome"] = outcome
+                self._set_view(job_id)
             for task in self._latest.get(job_id, {}).values():
                 if task["state"] == "launching" and task["handle"] is None:
                     task["state"], task["reason"] = "cancelled", UNSTARTED
@@ -522,7 +522,17 @@ class Controller:
             job = self._running[job_id] = self._rows[job_id]
             job.update(state="running", cluster=cluster, outcome="")
             self._reasons.pop(job_id, None)
+            self._set_view(job_id)
         return launches
+
+    def _set_view(self, job_id: str) -> None:
+        """Make the scheduler's view of a running job again from its row (it started, or it
+        is being stopped: an outcome, a cancel request, a preemption)."""
+        row, pending = self._running[job_id], self._jobs[job_id].pending
+        leaving = row["state"] == "preempted" or bool(row["outcome"] or row["cancel_requested"])
+        self._running_views[job_id] = RunningJob(
+            job_id, row["cluster"], pending.priority, pending.sequence, pending.demand, leaving
+        )
 
     def _relaunch(self, attempt: Any) -> None:
         """An attempt recorded before a crash, whose launch was never confirmed: launch it again
@@ -534,7 +544,7 @@ class Controller:
             self.launcher.abandon(attempt)
             self._attempts.pop(key(attempt), None)
 
-    def _autoscale(self, pending: list[PendingJob], running: list) -> None:
+    def _autoscale(self, pending: list[PendingJob]) -> None:
         """Size each scale group (the local pool) to the cpus of its work and of the queue."""
         queued: float | None = None
         for name, backend in self.backends.items():
@@ -544,7 +554,7 @@ class Controller:
                 queued = sum(job.demand.get("cpu", 0.0) for job in pending)
             wanted = queued + sum(
                 self._jobs[row["id"]].pending.demand.get("cpu", 0.0)
-                for row in running
+                for row in self._running.values()
                 if row["cluster"] == name
             )
             before = getattr(backend, "cpus", None)
