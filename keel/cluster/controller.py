@@ -114,6 +114,7 @@ class Controller:
         self._attempts: dict[tuple[str, int, int], dict[str, Any]] = {}
         self._queue = PendingQueue()  # the pending ones, as the scheduler sees them
         self._running_views: dict[str, RunningJob] = {}  # running jobs as the scheduler sees them
+        self._stopping: set[str] = set()  # running jobs being stopped (their views say so)
         self._ends: list[tuple] = []  # job transitions and events of the current transaction
         self._events: list[tuple] = []
         self._requeued: list[str] = []  # jobs back in the queue once the transaction commits
@@ -238,11 +239,12 @@ class Controller:
                 f"WHERE {KEY}",
                 changes,
             )
-        for new_state, _, reason, _, *attempt_key in changes:
-            attempt = self._attempts[tuple(attempt_key)]
+        attempts = self._attempts
+        for new_state, _, reason, _, job_id, replica, number in changes:
+            attempt = attempts[job_id, replica, number]
             attempt["state"], attempt["reason"] = new_state, reason or ""
             if new_state not in ACTIVE:
-                del self._attempts[attempt_key[0], attempt_key[1], attempt_key[2]]
+                del attempts[job_id, replica, number]
         finished, to_cancel = self._reconcile_jobs(jobs)
         self._requeue()
         return finished, to_cancel
@@ -251,15 +253,10 @@ class Controller:
         """The jobs that may move on: those whose attempts changed this tick (all of them when
         `changed` is None: the first tick after a start), and those being stopped (an outcome,
         a cancel request, a preemption)."""
-        return [
-            job
-            for job in self._running.values()
-            if changed is None
-            or job["outcome"]
-            or job["cancel_requested"]
-            or job["state"] == "preempted"
-            or job["id"] in changed
-        ]
+        if changed is None:
+            return list(self._running.values())
+        moving = changed | self._stopping
+        return [job for job in self._running.values() if job["id"] in moving]
 
     def _reconcile_jobs(self, jobs: list[dict[str, Any]]) -> tuple[int, list[tuple[str, list]]]:
         """Move `jobs` on from their latest attempts, inside the caller's transaction; return
@@ -325,6 +322,7 @@ class Controller:
         job_id, cluster = job["id"], job["cluster"]
         self._running.pop(job_id, None)
         self._running_views.pop(job_id, None)
+        self._stopping.discard(job_id)
         self._latest.pop(job_id, None)
         self._queue.remove(job_id)
         self._reasons.pop(job_id, None)
@@ -416,7 +414,7 @@ class Controller:
             self._rows[job_id] = row
             if row["state"] == "pending":
                 self._queue.add(info.pending)
-                if not news.first:
+                if job_id not in news.tried:
                     self._untried.add(job_id)
             else:
                 self._running[job_id] = row
@@ -533,6 +531,10 @@ class Controller:
         self._running_views[job_id] = RunningJob(
             job_id, row["cluster"], pending.priority, pending.sequence, pending.demand, leaving
         )
+        if leaving:
+            self._stopping.add(job_id)
+        else:
+            self._stopping.discard(job_id)
 
     def _relaunch(self, attempt: Any) -> None:
         """An attempt recorded before a crash, whose launch was never confirmed: launch it again

@@ -44,6 +44,9 @@ class News:
     latest: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     cancelled: list[str] = field(default_factory=list)
     cancel_requested: list[str] = field(default_factory=list)
+    # Queued jobs that have attempts already (requeued): at the first read, the ones among
+    # `jobs`; later, none (a job submitted since has no attempts).
+    tried: set[str] = field(default_factory=set)
 
 
 class JobFeed:
@@ -100,11 +103,16 @@ class JobFeed:
                 "(SELECT id FROM jobs WHERE state IN ('running', 'preempted')) "
                 "ORDER BY job_id, replica, attempt"
             ).fetchall()
+            tried = database.execute(
+                "SELECT DISTINCT a.job_id FROM jobs j JOIN attempts a ON a.job_id = j.id "
+                "WHERE j.state = 'pending'"
+            ).fetchall()
             self.seen_seq = database.execute("SELECT coalesce(max(seq), 0) FROM jobs").fetchone()[0]
             self.seen_event = database.execute(
                 "SELECT coalesce(max(id), 0) FROM events"
             ).fetchone()[0]
         news.jobs = _parsed(rows, self.shapes)
+        news.tried = {row[0] for row in tried}
         running = {row["id"] for row, _ in news.jobs if row["state"] != "pending"}
         for row in attempts:  # in attempt order: the latest comes last
             attempt = dict(zip(ATTEMPT_KEYS, row, strict=True))
