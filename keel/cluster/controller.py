@@ -115,6 +115,7 @@ class Controller:
         self._queue = PendingQueue()  # the pending ones, as the scheduler sees them
         self._running_views: dict[str, RunningJob] = {}  # running jobs as the scheduler sees them
         self._stopping: set[str] = set()  # running jobs being stopped (their views say so)
+        self._now = 0.0  # the time of the current tick's transaction
         self._ends: list[tuple] = []  # job transitions and events of the current transaction
         self._events: list[tuple] = []
         self._requeued: list[str] = []  # jobs back in the queue once the transaction commits
@@ -141,6 +142,7 @@ class Controller:
         self._reporting = set(capacities)
         # One write transaction a tick for what the backends said and what the round decided;
         # nothing is launched or cancelled before it commits.
+        self._now = time.time()  # when the jobs that end this tick ended
         with state.transaction(self.database):
             self.launcher.write_handles()  # the last tick's launches, before their news
             report.finished, to_cancel = self._reconcile(changes)
@@ -304,7 +306,7 @@ class Controller:
     ) -> None:
         """Move a job out of its cluster: to a final state, or back to the queue ("pending").
         Written by `_write_ends`, batched, inside the caller's transaction."""
-        now = time.time()
+        now = self._now
         self._ends.append(
             (
                 final,
@@ -354,11 +356,19 @@ class Controller:
             )
 
     def _write_ends(self) -> None:
-        self.database.executemany(
-            "UPDATE jobs SET state = ?, reason = ?, outcome = '', cluster = ?, ended_at = ?, "
-            "failures = ?, preemptions = ? WHERE id = ?",
-            self._ends,
-        )
+        """Write what `_end` recorded: one UPDATE per kind of end (most are successes, alike),
+        and the events."""
+        groups: dict[tuple, list[str]] = {}
+        for end in self._ends:
+            groups.setdefault(end[:-1], []).append(end[-1])
+        for values, ids in groups.items():
+            state.rows_for_ids(
+                self.database,
+                "UPDATE jobs SET state = ?, reason = ?, outcome = '', cluster = ?, ended_at = ?, "
+                "failures = ?, preemptions = ? WHERE id IN ({ids})",
+                ids,
+                parameters=values,
+            )
         self.database.executemany(
             "INSERT INTO events (at, job_id, kind, detail) VALUES (?, ?, ?, ?)", self._events
         )
@@ -478,8 +488,17 @@ class Controller:
             for j in fresh
             if j not in decision.waiting and j in self._queue
         ]
-        self.database.executemany("UPDATE jobs SET reason = ? WHERE id = ?", changed)
-        reasons.update((j, r) for r, j in changed)
+        by_reason: dict[str, list[str]] = {}
+        for reason, job_id in changed:
+            by_reason.setdefault(reason, []).append(job_id)
+            reasons[job_id] = reason
+        for reason, ids in by_reason.items():
+            state.rows_for_ids(
+                self.database,
+                "UPDATE jobs SET reason = ? WHERE id IN ({ids})",
+                ids,
+                parameters=(reason,),
+            )
         self._write_ends()
         self._requeue()
         return launches, cancels

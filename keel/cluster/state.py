@@ -139,8 +139,9 @@ def rows_for_ids(
     batch: int = 500,
     parameters: tuple = (),
 ) -> list[tuple]:
-    """Rows of `query`, whose `{ids}` stands for a list of parameters (after `parameters`), for
-    every id in `ids`, asked in batches (SQLite caps the parameters of one statement)."""
+    """Rows of `query` (a SELECT, or an UPDATE with or without RETURNING), whose `{ids}` stands
+    for a list of parameters (after `parameters`), for every id in `ids`, run in batches (SQLite
+    caps the parameters of one statement)."""
     rows: list[tuple] = []
     for start in range(0, len(ids), batch):
         part = ids[start : start + batch]
