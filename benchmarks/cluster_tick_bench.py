@@ -18,7 +18,9 @@ How:
 - Reported: median, p95 and max tick wall time (TickReport.seconds), the median cpu time of this
   process per tick (it does not grow when other processes share the machine), and a per-phase
   breakdown (the controller's steps, the pure scheduler call and the launches inside
-  `_schedule`, the per-job reconcile inside `_reconcile`), measured by wrapping those methods.
+  `_schedule`, the per-job reconcile inside `_reconcile`), measured by wrapping those methods,
+  and the garbage collector's time per tick (gc.callbacks). The controller sets the process's
+  collector up itself once its state is loaded (keel/cluster/heap.py), as in production.
   When the median exceeds the target (or with --profile) a cProfile of --profile-ticks further
   ticks is printed: the functions with the most own time, then keel.cluster's by total time.
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import heapq
 import io
 import platform
@@ -203,6 +206,31 @@ class PhaseTimer:
         return taken
 
 
+class CollectorTimer:
+    """Adds up the garbage collector's wall time (and counts its collections) while on."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.seconds = 0.0
+        self.collections = 0
+        self._began = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._began
+            self.collections += 1
+
+    def take(self) -> float:
+        """Seconds collecting since the last take."""
+        taken, self.seconds = self.seconds, 0.0
+        return taken
+
+
 def top_up(control: Controller, queued: int, spec: JobSpec) -> int:
     """Submit jobs until `queued` are pending; return how many were submitted."""
     pending = control.database.execute("SELECT count(*) FROM jobs WHERE state = 'pending'")
@@ -257,6 +285,8 @@ def main() -> None:
             control.tick()
             top_up(control, args.queued, spec)
         timer.take()
+        collector = CollectorTimer()
+        collecting: list[float] = []  # the collector's seconds per measured tick
         ticks: list[float] = []
         cpu: list[float] = []  # this process's cpu time per tick: the machine may be shared
         phases: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -264,8 +294,11 @@ def main() -> None:
         for _ in range(args.ticks):
             clock.now += 1
             cpu_began = time.process_time()
+            collector.on = True
             report = control.tick()
+            collector.on = False
             cpu.append(time.process_time() - cpu_began)
+            collecting.append(collector.take())
             ticks.append(report.seconds)
             launched.append(report.launched)
             taken = timer.take()
@@ -279,6 +312,11 @@ def main() -> None:
         median_ms = statistics.median(ticks) * 1e3
         print_results(
             args, ticks, cpu, phases, launched, running, pending, submit_seconds, backends
+        )
+        print(
+            f"Garbage collection during the measured ticks: {collector.collections} collections, "
+            f"median {statistics.median(collecting) * 1e3:.1f} ms, mean "
+            f"{statistics.mean(collecting) * 1e3:.1f} ms a tick (threshold {gc.get_threshold()})."
         )
         if args.profile or (median_ms > TARGET_MS and not args.smoke):
             print_profile(control, clock, args, spec)

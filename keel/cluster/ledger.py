@@ -23,7 +23,7 @@ class Report:
 @dataclass
 class CapacityLedger:
     reports: dict[str, Report] = field(default_factory=dict)
-    reservations: dict[str, tuple[str, dict[str, float], int]] = field(default_factory=dict)
+    reservations: dict[str, tuple[str, Mapping[str, float], int]] = field(default_factory=dict)
 
     def report(self, cluster: str, free: Mapping[str, float], tick: int) -> None:
         """A capacity report taken at the start of `tick`, before that tick's launches."""
@@ -33,7 +33,8 @@ class CapacityLedger:
                 del self.reservations[job]
 
     def reserve(self, job: str, cluster: str, demand: Mapping[str, float], tick: int) -> None:
-        self.reservations[job] = (cluster, dict(demand), tick)
+        """Hold `demand` (kept, not copied: the caller never changes it) on `cluster`."""
+        self.reservations[job] = (cluster, demand, tick)
 
     def free(self, cluster: str) -> dict[str, float]:
         """Capacity the scheduler may still hand out on `cluster` (nothing before a report)."""

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from operator import attrgetter
 
 from keel.cluster.spec import Priority
@@ -29,23 +28,35 @@ EPSILON = 1e-9
 _queue_order = attrgetter("priority", "sequence")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PendingJob:
+    """A queued job as the scheduler sees it (the controller keeps one per queued job: slotted,
+    never changed once made). `demand` may be shared by jobs of one shape and is never mutated;
+    `shape` is computed from it unless the caller passes the one it interned (keel.cluster.feed)."""
+
     job_id: str
     priority: Priority
     sequence: int  # submission order
     demand: Mapping[str, float]  # the whole gang, per device type ("cpu" = cpus)
     region: str = ""
     cluster: str = ""  # "" = any; else only this cluster
+    shape: tuple = ()  # what placement depends on: jobs of one shape fit or do not fit alike
 
-    @cached_property
-    def shape(self) -> tuple:
-        """What placement depends on: jobs of one shape fit or do not fit alike."""
-        return tuple(sorted(self.demand.items())), self.region, self.cluster
+    def __post_init__(self) -> None:
+        if not self.shape:
+            self.shape = job_shape(self.demand, self.region, self.cluster)
 
 
-@dataclass(frozen=True)
+def job_shape(demand: Mapping[str, float], region: str, cluster: str) -> tuple:
+    """PendingJob.shape: (sorted demand items, region, cluster)."""
+    return tuple(sorted(demand.items())), region, cluster
+
+
+@dataclass(slots=True)
 class RunningJob:
+    """A running job as the scheduler sees it (never changed once made; `demand` is never
+    mutated)."""
+
     job_id: str
     cluster: str
     priority: Priority

@@ -213,3 +213,62 @@ def test_the_write_ahead_log_is_checkpointed_by_a_thread_not_by_a_ticks_commit(t
     assert control.checkpointer.failures == 0
     control.close()
     assert not control.checkpointer.running
+
+
+def test_a_stored_spec_decodes_to_the_spec_submitted(tmp_path):
+    from keel.cluster.state import decode_stored_spec, encode_spec, job
+
+    spec = JobSpec(
+        ("python", "train.py"),
+        name="train",
+        resources=Resources(cpus=2.5, memory_mb=512, device_type="h100", device_count=2),
+        replicas=3,
+        env={"A": "1"},
+        region="eu",
+        cluster="big",
+        priority=Priority.PRODUCTION,
+        max_retries=2,
+        max_preemptions=4,
+        workdir="/work",
+    )
+    control = controller(tmp_path)
+    stored = job(control.database, submit(control.database, spec))["spec"]
+    decoded = decode_stored_spec(stored)
+    assert decoded == spec and decoded.demand() == {"cpu": 7.5, "h100": 6.0}
+    assert isinstance(decoded.command, tuple) and decoded.priority is Priority.PRODUCTION
+    older = encode_spec(JobSpec(("true",))).replace(',"cluster":""', "")  # keel before 2026-11
+    assert decode_stored_spec(older) == JobSpec(("true",))
+    control.close()
+
+
+def test_a_requeued_job_restarts_with_its_next_attempt_after_a_controller_restart(tmp_path):
+    """A queued job with an earlier attempt (requeued, then the controller stopped) gets attempt
+    2 from the restarted controller, which learns at start which queued jobs have attempts."""
+    first = controller(tmp_path)
+    retried = submit(first.database, shell("exit 0", max_retries=1))
+    fresh = submit(first.database, shell("exit 0"))
+    with first.database:  # what a controller stopped right after requeueing it left behind
+        first.database.execute(
+            "INSERT INTO attempts (job_id, replica, attempt, cluster, handle, state, reason, "
+            "started_at, ended_at) VALUES (?, 0, 1, 'local', 'gone', 'failed', 'exit 3', 1, 2)",
+            (retried,),
+        )
+        first.database.execute("UPDATE jobs SET failures = 1 WHERE id = ?", (retried,))
+    first.close()
+    control = controller(tmp_path)
+    run_until(control, lambda: states(control, retried, fresh) == ["succeeded", "succeeded"])
+    assert [t["attempt"] for t in job_status(control.database, retried)["tasks"]] == [2]
+    assert [t["attempt"] for t in job_status(control.database, fresh)["tasks"]] == [1]
+    control.close()
+
+
+def test_the_controller_freezes_its_loaded_heap_and_collects_the_young_rarely(tmp_path):
+    import gc
+
+    from keel.cluster import heap
+
+    control = controller(tmp_path)
+    submit(control.database, shell("exit 0"))
+    control.tick()
+    assert gc.get_threshold()[0] >= heap.YOUNG and gc.get_freeze_count() > 0
+    control.close()
