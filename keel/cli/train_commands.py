@@ -15,7 +15,6 @@ from dataclasses import replace
 from importlib import resources
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from keel.cli.output import print_json, stderr, stdout, user_errors
 from keel.cli.steps_commands import PREFIX
@@ -23,6 +22,7 @@ from keel.core import paths
 from keel.core.config import apply_overrides, load_config
 from keel.core.errors import UsageError
 from keel.core.gang import REPLICAS, run_local_gang
+from keel.core.progress import PROGRESS_FORMS, ProgressDisplay, parse_progress
 from keel.steps import all_steps, load_experiment, output_path, run
 from keel.train.config import TrainConfig
 from keel.train.distributed import check_shared_directory, initialize_from_env, process_label
@@ -85,6 +85,16 @@ def train_command(
     devices: int | None = typer.Option(
         None, "--devices", min=1, help="With --plan: simulate N CPU devices."
     ),
+    progress_form: str | None = typer.Option(
+        None,
+        "--progress",
+        metavar="FORM",
+        help=f"How to show progress on stderr: {PROGRESS_FORMS}. Default auto: a bar in a "
+        "terminal, elsewhere (a log, CI, nohup) a plain line every tenth of the run or 30 s.",
+    ),
+    quiet: bool = typer.Option(
+        False, "--quiet", help="Show no progress (same as --progress off); the result still prints."
+    ),
     prefix: str = PREFIX,
     as_json: bool = typer.Option(False, "--json", help="Print the final metrics as JSON."),
 ) -> None:
@@ -96,7 +106,9 @@ def train_command(
       keel train run.yaml --set optimizer.name=muon --output runs/muon
       keel train --preset tiny-moe --processes 2 --set mesh.expert=2 --output runs/a
       keel train --preset 535b-a23b --plan --devices 64
+      keel train --preset tiny-dense --progress 20 > train.log 2>&1   # a line every 20 steps
     """
+    style = parse_progress(progress_form, quiet)
     config, name = load_train_config(config_file, preset_name, overrides)
     if steps is not None:
         config = replace(config, steps=steps)
@@ -114,7 +126,6 @@ def train_command(
         _report_data([resolved])
     needs_sample = not config.data and not all(phase.mixture for phase in config.phases)
     output = output or paths.join(prefix, f"train-{name}")
-    quiet = False
     if processes > 1 and REPLICAS not in os.environ:
         if needs_sample:  # built once here; the members find it (and the eval sets) cached
             config = config.with_data((bundled_cache(prefix),))
@@ -134,25 +145,19 @@ def train_command(
         check_shared_directory(output, gang)
         stderr.print(f"{process_label(gang)} of the gang at {gang.coordinator}")
         if gang.process != 0:  # it trains; process 0 reports
-            as_json, quiet = False, True
-    progress = Progress(
-        TextColumn("[bold]train[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeRemainingColumn(),
-        console=stderr,
-        disable=as_json or quiet or (not stderr.is_terminal and "KEEL_PROGRESS" not in os.environ),
-    )
-    with progress:
-        task = progress.add_task("train", total=config.total_steps, loss="-")
+            train(config, output)
+            return
+    with ProgressDisplay(style) as progress:
+        shown = progress.task("train", config.total_steps)
 
         def on_step(line: dict) -> None:
-            progress.update(task, completed=line["step"], loss=f"{line['loss']:.3f}")
+            shown.update(
+                line["step"],
+                loss=f"loss {line['loss']:.3f}",
+                speed=f"{line['tokens_per_s']:,.0f} tokens/s",
+            )
 
         result = train(config, output, on_step=on_step)
-    if quiet:
-        return
     if as_json:
         print_json({"output": result.output, "resumed_from": result.resumed_from, **result.last})
         return
