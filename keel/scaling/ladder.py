@@ -37,9 +37,9 @@ import numpy as np
 
 from keel.core import paths
 from keel.core.errors import UsageError
-from keel.model.config import ModelConfig
 from keel.model.size import flops_per_token
 from keel.scaling.budget import fit_size
+from keel.scaling.family import ModelFamily, family_warning
 from keel.scaling.fits import (
     IsoflopFit,
     ParametricFit,
@@ -64,44 +64,6 @@ class LadderBudget:
     n_opt: float
     d_opt: float
     loss_opt: float
-
-
-@dataclass(frozen=True)
-class ModelFamily:
-    """What a ladder's predictions are for: the kind, depths and vocabulary of its runs' models
-    (widths vary along a ladder; these do not)."""
-
-    kind: str
-    """"dense" or "moe"."""
-    depths: tuple[int, ...]
-    """The n_layers values of the runs."""
-    vocab_size: int
-
-    @classmethod
-    def of(cls, models: Sequence[ModelConfig]) -> ModelFamily:
-        kinds = sorted({_kind(model) for model in models})
-        vocab = sorted({model.vocab_size for model in models})
-        return cls("/".join(kinds), tuple(sorted({m.n_layers for m in models})), vocab[0])
-
-    def describe(self) -> str:
-        depths = "/".join(map(str, self.depths))
-        layers = "layer" if self.depths == (1,) else "layers"
-        return f"{self.kind}, {depths} {layers}, {self.vocab_size:,} ids"
-
-    def differences(self, model: ModelConfig) -> list[str]:
-        """How `model` falls outside the family (empty: it belongs)."""
-        found = []
-        if _kind(model) != self.kind:
-            found.append(f"{_kind(model)}, not {self.kind}")
-        if model.n_layers not in self.depths:
-            found.append(f"{model.n_layers} layers, not {'/'.join(map(str, self.depths))}")
-        if model.vocab_size != self.vocab_size:
-            found.append(f"{model.vocab_size:,} ids, not {self.vocab_size:,}")
-        return found
-
-
-def _kind(model: ModelConfig) -> str:
-    return "moe" if model.is_moe else "dense"
 
 
 @dataclass(frozen=True)
@@ -149,14 +111,8 @@ class Ladder:
             a=float(data["a"]), b=float(data["b"]), G=float(data["G"]), H=float(data["H"]),
             a_interval=numbers(data["a_interval"]), frontier=numbers(data["frontier"]),
             law=numbers(data["law"]), runs=int(data["runs"]),
-            family=_family(data.get("family")),
+            family=ModelFamily.from_dict(data.get("family")),
         )  # fmt: skip
-
-
-def _family(data: dict[str, Any] | None) -> ModelFamily | None:
-    if data is None:
-        return None
-    return ModelFamily(str(data["kind"]), tuple(map(int, data["depths"])), int(data["vocab_size"]))
 
 
 def run_budgets(csv_path: str) -> list[float] | None:
@@ -342,23 +298,6 @@ def _distance(point: ComparedPoint) -> float:
     return abs(_above(point)) if point.kind == "eval" else _above(point)
 
 
-def family_warning(ladder: Ladder, config: TrainConfig) -> str:
-    """Why the ladder's prediction may not be for this run's model ("" when it is)."""
-    if ladder.family is None:
-        return (
-            "this ladder does not record its model family (built by an older keel): rebuild it "
-            "(keel scaling ladder) to check that it predicts for this run's kind of model"
-        )
-    differences = ladder.family.differences(config.model)
-    if not differences:
-        return ""
-    return (
-        f"the run's model ({', '.join(differences)}) is not of the ladder's family "
-        f"({ladder.family.describe()}): its prediction is for another kind of model; compare "
-        "with a ladder of this run's family (keel scaling sweep) for a like-with-like check"
-    )
-
-
 def read_metrics(source: str) -> list[dict[str, Any]]:
     """The rows of a run's metrics.jsonl (`source` is the file or its run directory)."""
     path = source if source.endswith(".jsonl") else paths.join(source, METRICS_FILE)
@@ -420,5 +359,5 @@ def compare_to_ladder(
         points.append(replace(point, flagged=checked and _above(point) > tolerance))
     return Comparison(
         params, "L(N, D)" if law else "L*(C)", tolerance, warmup_fraction, tuple(points),
-        family_warning(ladder, config),
+        family_warning(ladder.family, config.model),
     )  # fmt: skip

@@ -17,11 +17,11 @@ from keel.cli import sweep_commands
 from keel.core.config import dump_config
 from keel.model.config import ModelConfig
 from keel.scaling.budget import fit_size
+from keel.scaling.family import ModelFamily
 from keel.scaling.ladder import (
     LADDER_FILE,
     Ladder,
     LadderBudget,
-    ModelFamily,
     compare_to_ladder,
     ladder_step,
 )
