@@ -7,9 +7,10 @@ from dataclasses import asdict, replace
 from importlib import resources
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from keel.cli.output import fail, print_json, stdout, user_errors
+from keel.cli.output import fail, print_json, stderr, stdout, user_errors
 from keel.cli.scaling_commands import parse_budgets
 from keel.cli.steps_commands import PREFIX
 from keel.cli.train_commands import bundled_cache, load_train_config
@@ -175,7 +176,9 @@ def ladder_command(
         "experiment's output under --prefix.",
     ),
     tolerance: float = typer.Option(
-        0.05, "--tolerance", help="Relative deviation from the prediction that is flagged."
+        0.05,
+        "--tolerance",
+        help="Relative deviation above the prediction that fails the run (below it: better).",
     ),
     warmup: float = typer.Option(
         0.25, "--warmup", help="Fraction of the run's steps not checked (early training)."
@@ -186,7 +189,9 @@ def ladder_command(
 ) -> None:
     """Build the tiny scaling ladder (keel/experiments/ladder.py: 3 budgets x 3 sizes of a tiny
     dense model on the bundled sample, minutes on a CPU) and print its fit and plots; with
-    --compare, check a run's loss curve against it (exit code 1 when it deviates).
+    --compare, check a run's loss curve against it: exit code 1 when the run is worse than the
+    prediction by more than --tolerance, 0 when within it or better (a warning when the run's
+    model is not of the ladder's family: dense or MoE, depth, vocabulary).
 
     Examples:
       keel scaling ladder --prefix keel-out --max-parallel 2
@@ -257,10 +262,15 @@ def _compare(run_dir: str, ladder_dir: str, tolerance: float, warmup: float, as_
     comparison = compare_to_ladder(
         run_dir, config, load_ladder(ladder_dir), tolerance=tolerance, warmup_fraction=warmup
     )
+    if comparison.family_warning:
+        warning = escape(comparison.family_warning)
+        stderr.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
     if as_json:
         print_json(
             {
                 "ok": comparison.ok,
+                "verdict": comparison.verdict,
+                "family_warning": comparison.family_warning,
                 "summary": comparison.summary(),
                 "params": comparison.params,
                 "prediction": comparison.prediction,
@@ -270,6 +280,8 @@ def _compare(run_dir: str, ladder_dir: str, tolerance: float, warmup: float, as_
         )
     else:
         _show_comparison(comparison)
+        if comparison.ok:  # a failed run's summary is its one error line, below
+            stdout.print(comparison.summary(), highlight=False)
     if not comparison.ok:
         raise fail(f"{run_dir}: {comparison.summary()}", 1)
 
@@ -288,11 +300,12 @@ def _show_comparison(comparison: Comparison, rows: int = 16) -> None:
     table = Table("step", "tokens", "C (FLOPs)", "loss", "predicted", "deviation", "", title=title)
     for step in sorted(shown):
         p = shown[step]
-        mark = "[red]over tolerance[/]" if p.flagged else "" if p.checked else "warm-up"
+        better = p.checked and p.kind == "eval" and p.deviation < -comparison.tolerance
+        mark = "[red]worse[/]" if p.flagged else "[green]better[/]" if better else ""
+        mark = mark if p.checked else "warm-up"
         table.add_row(str(p.step), f"{p.tokens:,}", f"{p.flops:.3g}", f"{p.loss:.4f} {p.kind}",
                       f"{p.predicted:.4f}", f"{p.deviation:+.1%}", mark)  # fmt: skip
     stdout.print(table)
-    stdout.print(comparison.summary())
 
 
 def _spread(points: list, count: int) -> list:

@@ -15,20 +15,22 @@ from dataclasses import replace
 from importlib import resources
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+import yaml
+from rich.markup import escape
 
 from keel.cli.output import print_json, stderr, stdout, user_errors
 from keel.cli.steps_commands import PREFIX
 from keel.core import paths
-from keel.core.config import apply_overrides, load_config
+from keel.core.config import to_dict
 from keel.core.errors import UsageError
 from keel.core.gang import REPLICAS, run_local_gang
+from keel.core.progress import PROGRESS_FORMS, ProgressDisplay, parse_progress
 from keel.steps import all_steps, load_experiment, output_path, run
-from keel.train.config import TrainConfig
+from keel.train.config import TrainConfig, apply_train_overrides
 from keel.train.distributed import check_shared_directory, initialize_from_env, process_label
 from keel.train.layout import check_mesh, run_devices
 from keel.train.own_text import ResolvedData, eval_names, with_eval_data, with_training_data
-from keel.train.presets import PRESETS, preset
+from keel.train.presets import PRESETS, load_run_config, preset
 from keel.train.trainer import train
 
 BUNDLED_CACHE_STEP = "tokenize"
@@ -42,13 +44,19 @@ def register(app: typer.Typer) -> None:
 @user_errors
 def train_command(
     config_file: str | None = typer.Argument(
-        None, metavar="[CONFIG.yaml]", help="A TrainConfig as YAML or JSON."
+        None,
+        metavar="[CONFIG.yaml]",
+        help="A TrainConfig as YAML or JSON; `preset: NAME` in it starts from a preset.",
     ),
     preset_name: str | None = typer.Option(
         None, "--preset", help=f"Start from a named config: {', '.join(PRESETS)}."
     ),
     overrides: list[str] = typer.Option(
-        [], "--set", help="Override a config key: key=value (repeatable), e.g. model.top_k=4."
+        [],
+        "--set",
+        help="Override a config key: key=value (repeatable), e.g. model.top_k=4; list items by "
+        "index: data.0.cache=DIR (adds the first item of an empty list), or a whole list: "
+        "'data=[{cache: A}, {cache: B, weight: 2}]'.",
     ),
     output: str | None = typer.Option(
         None, "--output", help="Run directory (default: PREFIX/train-NAME); rerun to resume."
@@ -85,6 +93,22 @@ def train_command(
     devices: int | None = typer.Option(
         None, "--devices", min=1, help="With --plan: simulate N CPU devices."
     ),
+    progress_form: str | None = typer.Option(
+        None,
+        "--progress",
+        metavar="FORM",
+        help=f"How to show progress on stderr: {PROGRESS_FORMS}. Default auto: a bar in a "
+        "terminal, elsewhere (a log, CI, nohup) a plain line every tenth of the run or 30 s.",
+    ),
+    quiet: bool = typer.Option(
+        False, "--quiet", help="Show no progress (same as --progress off); the result still prints."
+    ),
+    print_config: bool = typer.Option(
+        False,
+        "--print-config",
+        help="Print the complete config as YAML (preset, file, --set and --steps applied) and "
+        "exit: `keel train THAT.yaml` trains the same run.",
+    ),
     prefix: str = PREFIX,
     as_json: bool = typer.Option(False, "--json", help="Print the final metrics as JSON."),
 ) -> None:
@@ -96,11 +120,24 @@ def train_command(
       keel train run.yaml --set optimizer.name=muon --output runs/muon
       keel train --preset tiny-moe --processes 2 --set mesh.expert=2 --output runs/a
       keel train --preset 535b-a23b --plan --devices 64
+      keel train --preset tiny-dense --progress 20 > train.log 2>&1   # a line every 20 steps
+      keel train --preset tiny-moe --print-config > run.yaml   # every key, to edit
     """
+    style = parse_progress(progress_form, quiet)
     config, name = load_train_config(config_file, preset_name, overrides)
     if steps is not None:
         config = replace(config, steps=steps)
     config.validate()
+    for line in config.contradictions():
+        stderr.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False)
+    if print_config:
+        if data is not None or eval_data:
+            raise UsageError(
+                "--print-config prints the config before --data/--eval-data are tokenized: "
+                "print it without them, then pass them again with the YAML"
+            )
+        typer.echo(config_yaml(config), nl=False)
+        return
     eval_names(eval_data)  # two sets of one name: an error before anything runs
     if tokenizer is not None and data is None:
         raise UsageError("--tokenizer goes with --data (the text it encodes)")
@@ -114,7 +151,6 @@ def train_command(
         _report_data([resolved])
     needs_sample = not config.data and not all(phase.mixture for phase in config.phases)
     output = output or paths.join(prefix, f"train-{name}")
-    quiet = False
     if processes > 1 and REPLICAS not in os.environ:
         if needs_sample:  # built once here; the members find it (and the eval sets) cached
             config = config.with_data((bundled_cache(prefix),))
@@ -134,25 +170,19 @@ def train_command(
         check_shared_directory(output, gang)
         stderr.print(f"{process_label(gang)} of the gang at {gang.coordinator}")
         if gang.process != 0:  # it trains; process 0 reports
-            as_json, quiet = False, True
-    progress = Progress(
-        TextColumn("[bold]train[/]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeRemainingColumn(),
-        console=stderr,
-        disable=as_json or quiet or (not stderr.is_terminal and "KEEL_PROGRESS" not in os.environ),
-    )
-    with progress:
-        task = progress.add_task("train", total=config.total_steps, loss="-")
+            train(config, output)
+            return
+    with ProgressDisplay(style) as progress:
+        shown = progress.task("train", config.total_steps)
 
         def on_step(line: dict) -> None:
-            progress.update(task, completed=line["step"], loss=f"{line['loss']:.3f}")
+            shown.update(
+                line["step"],
+                loss=f"loss {line['loss']:.3f}",
+                speed=f"{line['tokens_per_s']:,.0f} tokens/s",
+            )
 
         result = train(config, output, on_step=on_step)
-    if quiet:
-        return
     if as_json:
         print_json({"output": result.output, "resumed_from": result.resumed_from, **result.last})
         return
@@ -217,12 +247,25 @@ def _print_plan(config: TrainConfig, devices: int | None, as_json: bool) -> None
 def load_train_config(
     config_file: str | None, preset_name: str | None, overrides: list[str]
 ) -> tuple[TrainConfig, str]:
+    """The config named by a file or a preset, with `--set` overrides; and the run's name."""
     if (config_file is None) == (preset_name is None):
-        raise UsageError("name a CONFIG.yaml or a --preset (one of them): keel train --help")
+        raise UsageError(
+            "name a CONFIG.yaml or a --preset (one of them; a YAML may say `preset: NAME`): "
+            "keel train --help"
+        )
     if preset_name is not None:
-        return apply_overrides(preset(preset_name), overrides), preset_name
+        return apply_train_overrides(preset(preset_name), overrides), preset_name
     stem = paths.local_path(config_file).stem if paths.is_local(config_file) else "run"
-    return load_config(config_file, TrainConfig, overrides), stem
+    return load_run_config(config_file, overrides), stem
+
+
+def config_yaml(config: TrainConfig) -> str:
+    """Every key of `config` as YAML, under a comment with the run's identity."""
+    body = yaml.safe_dump(to_dict(config), sort_keys=False)
+    return (
+        f"# keel train config, run identity {config.identity()[:16]}: "
+        "`keel train THIS.yaml` trains this run\n" + body
+    )
 
 
 def bundled_cache(prefix: str) -> str:

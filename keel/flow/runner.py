@@ -18,7 +18,6 @@ import dataclasses
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 import uuid
@@ -26,12 +25,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from keel.core import paths
 from keel.core.commit import staged_output
 from keel.core.owned import owner_tag, remove_abandoned
+from keel.core.progress import QUIET, STAGES, ProgressDisplay, ProgressStyle
 from keel.flow import sources
 from keel.flow.backends import Backend, make_backend
 from keel.flow.ops import Deduplicate, GroupBy, Repartition
@@ -104,8 +102,9 @@ class RunOptions:
     workers: int | None = None
     retries: int = 2
     settings: Settings = field(default_factory=Settings)
-    progress: bool | None = None
-    """None: show a progress bar when stderr is a terminal."""
+    progress: bool | ProgressStyle | None = None
+    """None: a bar when stderr is a terminal, else a line every 30 s of a long stage (done/total
+    tasks, elapsed, ETA); True: the bar; False: nothing; or a ProgressStyle."""
     work_dir: str | None = None
     """Where shuffle files go (default: a temporary directory, removed after the run)."""
     ray_address: str | None = field(default_factory=lambda: os.environ.get(RAY_ADDRESS_ENV))
@@ -145,7 +144,7 @@ def _execute(
     run_dir = paths.join(work_dir, f"run-{uuid.uuid4().hex[:12]}")
     result = FlowResult()
     try:
-        with _progress(options.progress) as progress:
+        with ProgressDisplay(_progress_style(options.progress)) as progress:
             inputs: list[SourceInput | ShuffleInput] = [
                 SourceInput(source, shard) for shard in range(source.num_shards)
             ]
@@ -252,13 +251,9 @@ def _partitions(results: list[TaskResult], op: GroupBy | Deduplicate | Repartiti
     ]
 
 
-def _run_stage(backend, stage, tasks, retries, progress):
+def _run_stage(backend, stage, tasks, retries, progress: ProgressDisplay):
     counters = StageCounters(stage.index, stage.name, len(tasks))
-    bar = (
-        progress.add_task(f"stage {stage.index}: {stage.name}", total=len(tasks))
-        if progress
-        else None
-    )
+    shown = progress.task(f"stage {stage.index}: {stage.name}", len(tasks), unit="tasks")
 
     def done(task: Task, task_result: TaskResult, attempts: int) -> None:
         counters.rows_in += task_result.rows_in
@@ -266,16 +261,12 @@ def _run_stage(backend, stage, tasks, retries, progress):
         counters.bytes_spilled += task_result.bytes_spilled
         counters.retries += attempts - 1
         counters.peak_worker_rss = max(counters.peak_worker_rss, task_result.peak_rss)
-        if progress is not None:
-            progress.update(
-                bar,
-                advance=1,
-                description=f"stage {stage.index}: {stage.name} ({counters.rows_out:,} rows out)",
-            )
+        shown.update(shown.done + 1, rows=f"{counters.rows_out:,} rows out")
 
     began = time.monotonic()
     results = backend.run(tasks, retries=retries, on_done=done) if tasks else []
     counters.seconds = time.monotonic() - began
+    shown.finish()
     logger.info(
         "stage %d (%s): %d tasks, %d rows in, %d out, %d bytes spilled, %d retries",
         stage.index,
@@ -300,23 +291,9 @@ def _finish(output: Output, results: list[TaskResult], result: FlowResult) -> No
         result.table = table.slice(0, output.limit) if output.limit is not None else table
 
 
-class _NoProgress:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _progress(enabled: bool | None):
-    show = sys.stderr.isatty() if enabled is None else enabled
-    if not show:
-        return _NoProgress()
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=False,
-    )
+def _progress_style(progress: bool | ProgressStyle | None) -> ProgressStyle:
+    if isinstance(progress, ProgressStyle):
+        return progress
+    if progress is None:
+        return STAGES
+    return ProgressStyle(mode="bar") if progress else QUIET

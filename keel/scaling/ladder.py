@@ -7,16 +7,19 @@ below) and the plots of keel.scaling.plots. ladder.json keeps
 - the frontier L*(C) = E + K·(C/C₀)^-c through the minima (nats; 3 budgets or more);
 - the parametric law L(N, D) = E + A/N^α + B/D^β (Approach 3, nats).
 
+ladder.json also keeps the model family of the sweep's runs (dense or MoE, depths, vocabulary):
+a prediction is for that family, and a run of another family is compared with a warning.
+
 A new run is compared point by point: after step t it has trained on D_t tokens (steps x batch x
 seq_len) and spent C_t = flops_per_token x D_t FLOPs; the ladder predicts L(N, D_t) with the run's
 N (or, asked to, L*(C_t): the best any size reaches with that compute). The deviation is
 (loss - predicted) / predicted, and a point past the warm-up fraction of the run is flagged when
-- at an evaluation step, the held-out eval_loss (what the ladder's runs report) is off by more
-  than the tolerance either way;
-- elsewhere, the training cross entropy (averaged over a trailing window of steps) is above the
-  prediction by more than the tolerance. Below does not count: repeated data (several epochs of
-  a small cache) pulls the training loss under the held-out loss the ladder was fitted to, so a
-  low training loss says nothing about the run, while a high one is a real deficit.
+its loss is above the prediction by more than the tolerance: the held-out eval_loss at an
+evaluation step (what the ladder's runs report), elsewhere the training cross entropy averaged
+over a trailing window of steps. Below is not a deficit: a run whose held-out loss beats the
+prediction by more than the tolerance is reported as better than predicted (the verdict
+"better"), and a low training loss says nothing at all (repeated data, several epochs of a small
+cache, pulls it under the held-out loss the ladder was fitted to).
 A run mid-schedule sits a little above a finished run of the same D (its learning rate has not
 decayed yet), which the default 5% tolerance allows for (docs/scaling.md has the numbers).
 """
@@ -36,6 +39,7 @@ from keel.core import paths
 from keel.core.errors import UsageError
 from keel.model.size import flops_per_token
 from keel.scaling.budget import fit_size
+from keel.scaling.family import ModelFamily, family_warning
 from keel.scaling.fits import (
     IsoflopFit,
     ParametricFit,
@@ -79,6 +83,8 @@ class Ladder:
     """(E, A, B, α, β) of L(N, D) = E + A/N^α + B/D^β in nats."""
     runs: int
     """Runs the fits used."""
+    family: ModelFamily | None = None
+    """The runs' model family; None in a ladder.json written before keel recorded it."""
 
     def frontier_loss(self, flops: Any) -> np.ndarray:
         """L*(C): the lowest loss (nats) any size reaches with C FLOPs."""
@@ -105,6 +111,7 @@ class Ladder:
             a=float(data["a"]), b=float(data["b"]), G=float(data["G"]), H=float(data["H"]),
             a_interval=numbers(data["a_interval"]), frontier=numbers(data["frontier"]),
             law=numbers(data["law"]), runs=int(data["runs"]),
+            family=ModelFamily.from_dict(data.get("family")),
         )  # fmt: skip
 
 
@@ -153,6 +160,8 @@ class LadderConfig:
     extrapolate_to: float = 0.0
     """The budget (FLOPs) optimal.png extrapolates N*(C), D*(C) to; 0: 100x the largest."""
     bootstrap: int = 200
+    family: ModelFamily | None = None
+    """The sweep's model family, kept in ladder.json (ladder_step fills it in)."""
 
 
 def write_ladder(config: LadderConfig, output: str) -> None:
@@ -166,13 +175,16 @@ def write_ladder(config: LadderConfig, output: str) -> None:
     runs_path = paths.local_path(paths.join(output, RUNS_FILE))
     runs = load_runs(runs_path)
     ladder, isoflop, parametric = fit_ladder(runs, run_budgets(str(runs_path)), config.bootstrap)
+    ladder = replace(ladder, family=config.family)
     paths.write_text(paths.join(output, LADDER_FILE), json.dumps(ladder.to_dict(), indent=2) + "\n")
     write_plots(runs, isoflop, parametric, paths.local_path(output), config.extrapolate_to or None)
 
 
 def ladder_step(name: str, collect: Step, extrapolate_to: float = 0.0) -> Step:
     """The step that fits and plots a sweep's runs.csv (`collect` is sweep_steps' last step)."""
-    return Step(name, write_ladder, LadderConfig(output_of(collect, RUNS_FILE), extrapolate_to))
+    family = ModelFamily.of([run.config.model for run in collect.config.runs])
+    config = LadderConfig(output_of(collect, RUNS_FILE), extrapolate_to, family=family)
+    return Step(name, write_ladder, config)
 
 
 @dataclass(frozen=True)
@@ -196,7 +208,7 @@ class ComparedPoint:
     checked: bool
     """Past the warm-up fraction of the run, so it can be flagged."""
     flagged: bool
-    """Off by more than the tolerance: eval loss either way, training loss above."""
+    """Checked, and above the prediction by more than the tolerance (worse than predicted)."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +222,9 @@ class Comparison:
     tolerance: float
     warmup_fraction: float
     points: tuple[ComparedPoint, ...]
+    family_warning: str = ""
+    """Non-empty when the run's model is not of the ladder's family (what differs), or the
+    ladder does not record its family."""
 
     @property
     def flagged(self) -> tuple[ComparedPoint, ...]:
@@ -217,37 +232,70 @@ class Comparison:
 
     @property
     def ok(self) -> bool:
+        """No point is worse than predicted by more than the tolerance."""
         return not self.flagged
 
     @property
     def worst(self) -> ComparedPoint | None:
-        """The checked point farthest from the prediction in the direction that counts (either
-        way for eval points, above for training points)."""
+        """The checked point farthest above the prediction (or least below it)."""
         checked = [point for point in self.points if point.checked]
-        return max(checked, key=_excess) if checked else None
+        return max(checked, key=_above) if checked else None
+
+    @property
+    def best(self) -> ComparedPoint | None:
+        """The last checked evaluation (the run's result) when it is below the prediction by
+        more than the tolerance, else the checked evaluation farthest below it."""
+        evals = [point for point in self.points if point.checked and point.kind == "eval"]
+        if not evals:
+            return None
+        return evals[-1] if _above(evals[-1]) < -self.tolerance else min(evals, key=_above)
+
+    @property
+    def verdict(self) -> str:
+        """ "worse" (a point above the prediction by more than the tolerance), "better" (none,
+        and a held-out loss below it by more than the tolerance) or "within"."""
+        if self.flagged:
+            return "worse"
+        best = self.best
+        return "better" if best is not None and best.deviation < -self.tolerance else "within"
 
     def summary(self) -> str:
-        """One line: within tolerance or not, and the worst point."""
-        worst = self.worst
-        if worst is None:
+        """One line: worse than, better than or within the ladder's prediction, and where."""
+        checked = [point for point in self.points if point.checked]
+        if not checked:
             return "no point past the warm-up to compare"
-        where = (
-            f"{worst.deviation:+.1%} at step {worst.step} ({worst.kind} loss {worst.loss:.3f} "
-            f"vs {worst.predicted:.3f} predicted by {self.prediction})"
-        )
-        if self.ok:
-            return f"within {self.tolerance:.0%} of the ladder; largest deviation {where}"
+        verdict = self.verdict
+        if verdict == "worse":
+            return (
+                f"{len(self.flagged)} of {len(checked)} points are worse than the ladder predicts "
+                f"by more than {self.tolerance:.0%}; worst {self._where(self.worst)}"
+            )
+        if verdict == "better":
+            return (
+                f"better than the ladder predicts: {self._where(self.best)}; no point more than "
+                f"{self.tolerance:.0%} above it"
+            )
+        largest = max(checked, key=_distance)
         return (
-            f"{len(self.flagged)} of {sum(p.checked for p in self.points)} points deviate more "
-            f"than {self.tolerance:.0%} from the ladder; worst {where}"
+            f"within {self.tolerance:.0%} of the ladder; largest deviation {self._where(largest)}"
+        )
+
+    def _where(self, point: ComparedPoint) -> str:
+        return (
+            f"{point.deviation:+.1%} at step {point.step} ({point.kind} loss {point.loss:.3f} "
+            f"vs {point.predicted:.3f} predicted by {self.prediction})"
         )
 
 
-def _excess(point: ComparedPoint) -> float:
-    """How far a point is off in the direction that is flagged (NaN counts as infinitely far)."""
-    if not math.isfinite(point.deviation):
-        return math.inf
-    return abs(point.deviation) if point.kind == "eval" else point.deviation
+def _above(point: ComparedPoint) -> float:
+    """The deviation, NaN counting as infinitely far above."""
+    return point.deviation if math.isfinite(point.deviation) else math.inf
+
+
+def _distance(point: ComparedPoint) -> float:
+    """How far a point is off in a direction that means something: either way for held-out
+    losses, above for training losses (NaN counts as infinitely far)."""
+    return abs(_above(point)) if point.kind == "eval" else _above(point)
 
 
 def read_metrics(source: str) -> list[dict[str, Any]]:
@@ -271,7 +319,7 @@ def compare_to_ladder(
     """Compare a run's logged losses (metrics.jsonl rows, the file or its run directory) with the
     ladder's prediction for the run's N (`config` is the run's TrainConfig), by `use` "law"
     (L(N, D)) or "frontier" (L*(C)). Points after `warmup_fraction` of the steps are flagged when
-    off by more than `tolerance` (eval loss either way, training loss above; module docstring);
+    above it by more than `tolerance` (module docstring);
     training loss is averaged over the last `window` steps."""
     rows = read_metrics(metrics) if isinstance(metrics, str) else list(metrics)
     rows.sort(key=lambda row: row["step"])
@@ -308,7 +356,8 @@ def compare_to_ladder(
         point = ComparedPoint(
             step, int(tokens), flops, loss, kind, predicted, deviation, checked, False
         )
-        points.append(replace(point, flagged=checked and _excess(point) > tolerance))
+        points.append(replace(point, flagged=checked and _above(point) > tolerance))
     return Comparison(
-        params, "L(N, D)" if law else "L*(C)", tolerance, warmup_fraction, tuple(points)
-    )
+        params, "L(N, D)" if law else "L*(C)", tolerance, warmup_fraction, tuple(points),
+        family_warning(ladder.family, config.model),
+    )  # fmt: skip

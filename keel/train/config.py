@@ -5,17 +5,26 @@ segment of the learning-rate schedule; phases run back to back in one continuous
 steps keep counting) or as chained runs (`init_from` another run's checkpoint). Steps per phase =
 tokens // (batch_size * seq_len); `steps` (the CLI's --steps) instead sets the run's total and
 shares it over the phases in proportion to their budgets.
+
+`--set` overrides reach list items by index (`apply_train_overrides`): `data.0.cache=PATH` on an
+empty `data` adds item 0, and any other missing index is a one-line error showing the whole-list
+form (`--set 'data=[{cache: PATH}]'`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal, get_args, get_type_hints
 
 from keel.core import paths
+from keel.core.config import apply_overrides, parse_override, to_dict
 from keel.core.errors import ConfigError
-from keel.model.config import ModelConfig
+from keel.core.hashing import content_hash
+from keel.model.config import ModelConfig, RouterConfig
 from keel.model.sharding import MeshConfig
 from keel.train.optim import OptimizerConfig
 from keel.train.schedule import ScheduleConfig, Segment
@@ -196,8 +205,124 @@ class TrainConfig:
     def total_steps(self) -> int:
         return sum(self.phase_steps())
 
+    def identity(self) -> str:
+        """The run's identity: SHA-256 of the canonical config, without the fields that only
+        label or report (eval_names, telemetry, DataSource.name). Equal identities train the
+        same run."""
+        return content_hash(self)
+
+    def contradictions(self) -> list[str]:
+        """Settings this config holds that another setting makes meaningless, one line each
+        naming both (MoE settings on a dense model; a dense width no block uses)."""
+        model, default = self.model, ModelConfig()
+        if not model.is_moe:
+            moe_only = _changed(model, default, _MOE_ONLY, "model")
+            moe_only += _changed(model.router, default.router, _ROUTER, "model.router")
+            if moe_only:
+                what = "an MoE setting" if len(moe_only) == 1 else "MoE settings"
+                return [
+                    f"{', '.join(moe_only)}: {what}, but model.n_routed_experts is 0 (a dense "
+                    "model), so it does nothing; set model.n_routed_experts for an MoE model, or "
+                    "remove it"
+                ]
+        elif model.n_dense_layers == 0 and model.ffn_dim != default.ffn_dim:
+            return [
+                f"model.ffn_dim={model.ffn_dim} does nothing: model.n_dense_layers is 0, so every "
+                "block of this MoE model is MoE (expert_ffn_dim sets their width)"
+            ]
+        return []
+
     def with_data(self, caches: tuple[str, ...]) -> TrainConfig:
         """This config drawing from `caches` (equal weights) where it names no data."""
         if self.data or all(phase.mixture for phase in self.phases):
             return self
         return replace(self, data=tuple(DataSource(cache) for cache in caches))
+
+
+_MOE_ONLY = (
+    "top_k", "n_shared_experts", "expert_ffn_dim", "latent_dim", "n_dense_layers",
+    "send_capacity", "receive_capacity", "dispatch_waves",
+)  # fmt: skip
+"""ModelConfig fields that only an MoE model (n_routed_experts > 0) uses, besides `router`."""
+_ROUTER = tuple(f.name for f in dataclasses.fields(RouterConfig))
+
+
+def _changed(config: Any, default: Any, names: Sequence[str], where: str) -> list[str]:
+    """`where.name=value` for each of `names` whose value in `config` differs from `default`."""
+    return [
+        f"{where}.{name}={getattr(config, name)}"
+        for name in names
+        if getattr(config, name) != getattr(default, name)
+    ]
+
+
+def apply_train_overrides(config: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
+    """`config` with each `--set key=value` applied in order (keel.core.config.apply_overrides),
+    where a key may also add a list's next item: `data.0.cache=PATH` on an empty `data`,
+    `eval_data.0=PATH`, `phases.1.seq_len=512` on one phase. An index past that is a ConfigError
+    showing the form that works."""
+    for text in overrides:
+        config = apply_overrides(config, [_with_list_item(config, text)])
+    return config
+
+
+def _with_list_item(config: TrainConfig, text: str) -> str:
+    """`text`, or when it names a list's next item, the override that sets the whole list."""
+    keys, value = parse_override(text)
+    node: Any = config
+    for depth, key in enumerate(keys):
+        if dataclasses.is_dataclass(node) and not isinstance(node, type):
+            if key not in {f.name for f in dataclasses.fields(node)}:
+                return text  # apply_overrides names the unknown key
+            item_type = _item_type(get_type_hints(type(node))[key])
+            node = getattr(node, key)
+            continue
+        if not (isinstance(node, tuple) and key.isdigit()):
+            return text
+        index, where = int(key), ".".join(keys[:depth])
+        if index < len(node):
+            node = node[index]
+            continue
+        whole = f"--set '{where}=[{_example(item_type)}]'"
+        if index > len(node):
+            raise ConfigError(
+                f"--set {text}: {where} has {len(node)} items: add item {len(node)} next "
+                f"(--set {where}.{len(node)}...), or set the list as a whole: {whole}"
+            )
+        item = value
+        for name in reversed(keys[depth + 1 :]):
+            item = {name: item}
+        items = [to_dict(x) if dataclasses.is_dataclass(x) else x for x in node]
+        if dataclasses.is_dataclass(item_type) and not isinstance(item, dict):
+            raise ConfigError(f"--set {text}: {where}.{index} is a mapping; e.g. {whole}")
+        missing = _missing_keys(item_type, item)
+        if missing:
+            raise ConfigError(
+                f"--set {text}: a new item of {where} needs {', '.join(missing)}: set "
+                f"{where}.{index}.{missing[0]} first, or the list as a whole: {whole}"
+            )
+        return f"{where}={json.dumps([*items, item])}"
+    return text
+
+
+def _item_type(annotation: Any) -> Any:
+    """X of a tuple[X, ...] annotation (None for anything else)."""
+    args = get_args(annotation)
+    return args[0] if len(args) == 2 and args[1] is Ellipsis else None
+
+
+def _missing_keys(item_type: Any, item: Any) -> list[str]:
+    if not (dataclasses.is_dataclass(item_type) and isinstance(item, dict)):
+        return []
+    return [f.name for f in dataclasses.fields(item_type)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            and f.name not in item]  # fmt: skip
+
+
+def _example(item_type: Any) -> str:
+    """A one-item list body in YAML flow style, e.g. `{cache: PATH}`."""
+    if not dataclasses.is_dataclass(item_type):
+        return "PATH"
+    required = _missing_keys(item_type, {}) or [dataclasses.fields(item_type)[0].name]
+    return "{" + ", ".join(f"{name}: ..." if name != "cache" else "cache: PATH"
+                           for name in required) + "}"  # fmt: skip

@@ -3,16 +3,28 @@ CPU (on the bundled sample's 4,096-id token cache), `cpu-speedrun` (the quickest
 quality on your own text on a CPU: `keel train --preset cpu-speedrun --data FILE.txt`), and
 ~100M / ~1B dense and MoE models for one GPU (32,768-id vocabulary, bfloat16 compute).
 `tiny-moe` and `tiny-dense` have matched active parameters per token, so they compare MoE
-against dense at equal compute."""
+against dense at equal compute.
+
+A config file may start from a preset (`load_run_config`): `preset: tiny-moe` and, on top, any
+TrainConfig keys (a mapping merges key by key into the preset's, a list or value replaces it).
+"""
 
 from __future__ import annotations
 
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
-from keel.core.errors import UsageError
+import yaml
+
+from keel.core import paths
+from keel.core.config import from_dict, load_config, to_dict
+from keel.core.errors import ConfigError, UsageError
 from keel.model.config import ModelConfig, RouterConfig
 from keel.model.sharding import MeshConfig
-from keel.train.config import Phase, TrainConfig
+from keel.train.config import Phase, TrainConfig, apply_train_overrides
 from keel.train.optim import OptimizerConfig
 from keel.train.schedule import ScheduleConfig
 
@@ -163,3 +175,50 @@ def preset(name: str) -> TrainConfig:
         return PRESETS[name]
     except KeyError:
         raise UsageError(f"no preset {name!r}; choose one of: {', '.join(PRESETS)}") from None
+
+
+PRESET_KEY = "preset"
+"""The key of a config file that names the preset it starts from."""
+
+
+def load_run_config(source: str, overrides: Sequence[str] = ()) -> TrainConfig:
+    """The TrainConfig in a .yaml/.yml/.json file, then `--set` overrides (list items by index
+    too: apply_train_overrides). A file with `preset: NAME` starts from that preset: its other
+    keys go on top, a mapping merged key by key (`model: {top_k: 1}` changes top_k only), a list
+    or a value replacing the preset's; so `preset: tiny-moe` + `model: {top_k: 1}` is
+    `--preset tiny-moe --set model.top_k=1`."""
+    data = _mapping(source)
+    if data is None or PRESET_KEY not in data:
+        return apply_train_overrides(load_config(source, TrainConfig), overrides)
+    name = data[PRESET_KEY]
+    if not isinstance(name, str) or name not in PRESETS:
+        raise UsageError(f"{source}: no preset {name!r}; choose one of: {', '.join(PRESETS)}")
+    rest = {key: value for key, value in data.items() if key != PRESET_KEY}
+    try:
+        config = from_dict(TrainConfig, _merged(to_dict(PRESETS[name]), rest))
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from err
+    return apply_train_overrides(config, overrides)
+
+
+def _mapping(source: str) -> Mapping[str, Any] | None:
+    """The file's top-level mapping; None when it cannot be read as one (load_config then says
+    why in one line)."""
+    suffix = pathlib.PurePosixPath(os.fspath(source)).suffix.lower()
+    if suffix not in (".yaml", ".yml", ".json") or not paths.exists(source):
+        return None
+    try:
+        data = yaml.safe_load(paths.read_text(source))  # JSON is YAML here too
+    except yaml.YAMLError:
+        return None
+    return data if isinstance(data, Mapping) else None
+
+
+def _merged(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `top`'s keys on it: mappings merged recursively, anything else replaced."""
+    merged = dict(base)
+    for key, value in top.items():
+        below = merged.get(key)
+        both = isinstance(below, Mapping) and isinstance(value, Mapping)
+        merged[key] = _merged(below, value) if both else value
+    return merged

@@ -113,7 +113,7 @@ def test_a_run_with_a_learning_rate_100x_too_small_is_flagged(ladder):
     assert not comparison.ok
     assert comparison.worst.deviation > 0.2
     assert all(p.flagged for p in comparison.points if p.checked)
-    assert "deviate more than 5%" in comparison.summary()
+    assert "worse than the ladder predicts by more than 5%" in comparison.summary()
     frontier = compare_to_ladder(ladder["bad"], LR_TOO_SMALL, ladder["ladder"], use="frontier")
     assert not frontier.ok and frontier.prediction == "L*(C)"
 
@@ -136,7 +136,7 @@ def test_the_cli_compares_a_run_against_a_ladder(ladder):
     assert bad.exit_code == 1
     first_line, error = bad.output.splitlines()[0], bad.output.splitlines()[-1]
     assert json.loads(first_line)["ok"] is False
-    assert error.startswith("error: ") and "deviate more than 5%" in error
+    assert error.startswith("error: ") and "worse than the ladder predicts by more than 5%" in error
     missing = CliRunner().invoke(
         cli(), ["ladder", "--compare", ladder["good"], "--ladder", "/nope"]
     )
