@@ -326,12 +326,11 @@ def keel_command(*args: str | Path | int) -> list[str]:
 
 
 def keel_env(compilation_cache: Path) -> dict[str, str]:
-    """This checkout's keel for the child processes, progress bars off, and an empty JAX
-    compilation cache at `compilation_cache` (a first run on a machine compiles everything)."""
+    """This checkout's keel for the child processes and an empty JAX compilation cache at
+    `compilation_cache` (a first run on a machine compiles everything)."""
     env = dict(os.environ)
     env["KEEL_COMPILATION_CACHE"] = str(compilation_cache)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    env.pop("KEEL_PROGRESS", None)
     return env
 
 
@@ -414,6 +413,7 @@ def run_keel(
         eval_file,
         "--output",
         run_dir,
+        "--quiet",  # the log gets the summary only
         "--set",
         f"eval_batches={EVAL_BATCHES_ALL}",  # every evaluation whole, not only the last
         *set_args,
