@@ -109,6 +109,21 @@ def train_command(
         help="Print the complete config as YAML (preset, file, --set and --steps applied) and "
         "exit: `keel train THAT.yaml` trains the same run.",
     ),
+    gate: int | None = typer.Option(
+        None,
+        "--gate",
+        metavar="N",
+        help="Qualify the config instead of training it: N steps in a temporary directory; exit "
+        "1 on a non-finite loss or memory over --memory-limit; print median tokens/s and peak "
+        "memory.",
+    ),
+    memory_limit: str | None = typer.Option(
+        None,
+        "--memory-limit",
+        metavar="BYTES",
+        help="With --gate: the most memory a device may need (XLA's estimate) or use (its peak), "
+        "e.g. 80GB or 141GiB.",
+    ),
     prefix: str = PREFIX,
     as_json: bool = typer.Option(False, "--json", help="Print the final metrics as JSON."),
 ) -> None:
@@ -122,6 +137,7 @@ def train_command(
       keel train --preset 535b-a23b --plan --devices 64
       keel train --preset tiny-dense --progress 20 > train.log 2>&1   # a line every 20 steps
       keel train --preset tiny-moe --print-config > run.yaml   # every key, to edit
+      keel train run.yaml --gate 20 --memory-limit 80GB   # qualify it before a long run
     """
     style = parse_progress(progress_form, quiet)
     config, name = load_train_config(config_file, preset_name, overrides)
@@ -146,6 +162,10 @@ def train_command(
         return
     if devices is not None:
         raise UsageError("--devices goes with --plan; a run uses the devices it sees")
+    if memory_limit is not None and gate is None:
+        raise UsageError("--memory-limit goes with --gate N")
+    if gate is not None and (processes > 1 or REPLICAS in os.environ):
+        raise UsageError("--gate qualifies a config in one process; run it without a gang")
     if data is not None:
         config, resolved = with_training_data(config, data, prefix, tokenizer)
         _report_data([resolved])
@@ -166,6 +186,9 @@ def train_command(
         config, evaluated = with_eval_data(config, eval_data, prefix)
         if gang is None:
             _report_data(evaluated)
+    if gate is not None:
+        _run_gate(config, gate, memory_limit, as_json)
+        return
     if gang is not None:
         check_shared_directory(output, gang)
         stderr.print(f"{process_label(gang)} of the gang at {gang.coordinator}")
@@ -226,6 +249,17 @@ def _without_processes(args: list[str]) -> list[str]:
         elif not arg.startswith("--processes="):
             kept.append(arg)
     return kept
+
+
+def _run_gate(config: TrainConfig, steps: int, memory_limit: str | None, as_json: bool) -> None:
+    from keel.train.gate import parse_memory_limit, run_gate
+
+    limit = None if memory_limit is None else parse_memory_limit(memory_limit)
+    result = run_gate(config, steps, limit)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        stdout.print(result.line(), highlight=False)
 
 
 def _print_plan(config: TrainConfig, devices: int | None, as_json: bool) -> None:

@@ -152,12 +152,15 @@ class RunPlan:
                 f"{_count(self.total_params)} total, {_count(self.active_params)} active per token",
             ),
             ("per device", ""),
-            ("  parameters", _bytes(self.param_bytes)),
-            ("  gradients", _bytes(self.grad_bytes)),
-            (f"  optimizer state ({state_where})", _bytes(self.opt_state_bytes)),
-            ("  other state", _bytes(self.other_state_bytes)),
-            (f"  temporaries (XLA:{self.platform})", _bytes(self.temp_bytes)),
-            ("  device total", f"{_bytes(self.device_bytes)} (state on device + temporaries)"),
+            ("  parameters", format_bytes(self.param_bytes)),
+            ("  gradients", format_bytes(self.grad_bytes)),
+            (f"  optimizer state ({state_where})", format_bytes(self.opt_state_bytes)),
+            ("  other state", format_bytes(self.other_state_bytes)),
+            (f"  temporaries (XLA:{self.platform})", format_bytes(self.temp_bytes)),
+            (
+                "  device total",
+                f"{format_bytes(self.device_bytes)} (state on device + temporaries)",
+            ),
             ("FLOPs per token", f"{self.flops_per_token:.3e}"),
             ("FLOPs per step per device", f"{self.flops_per_step_per_device:.3e}"),
         ]
@@ -168,7 +171,8 @@ class RunPlan:
             rows += [
                 (
                     "all-to-all per step",
-                    f"{_bytes(a.step_bytes)} per device, {_bytes(a.step_bytes_sent)} leaving it "
+                    f"{format_bytes(a.step_bytes)} per device, "
+                    f"{format_bytes(a.step_bytes_sent)} leaving it "
                     f"({a.moe_layers} MoE layers over {a.devices} devices)",
                 ),
                 (
@@ -337,7 +341,8 @@ def _abstract_state(config: TrainConfig, optimizer: Any, shardings: TrainState) 
     )
 
 
-def _bytes(count: float) -> str:
+def format_bytes(count: float) -> str:
+    """Bytes in binary units: `512 B`, `1.5 KiB`, ... `2.0 TiB`."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if count < 1024:
             return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
