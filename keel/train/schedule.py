@@ -168,3 +168,36 @@ def piecewise_lr(segments: Sequence[Segment]) -> Callable[[jax.Array | int], jax
         return value
 
     return lr
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A re-planned decay (keel/train/replan.py): from global `step` on, the lr goes from `lr`
+    (where the run stood) to `final_lr` at global step `end` in `shape`; from `end` on the
+    schedule's own segments apply again (the last one's final lr)."""
+
+    step: int
+    lr: float
+    end: int
+    final_lr: float
+    shape: str = "linear"
+
+
+def anchored_lr(
+    base: Callable[[jax.Array | int], jax.Array], anchor: Anchor | None
+) -> Callable[[jax.Array | int], jax.Array]:
+    """`base` with `anchor`'s decay over steps [anchor.step, anchor.end); `base` itself when
+    there is no anchor. Jittable, like `base`."""
+    if anchor is None:
+        return base
+    start, final = jnp.float32(anchor.lr), jnp.float32(anchor.final_lr)
+    span = float(max(anchor.end - anchor.step, 1))
+
+    def lr(step: jax.Array | int) -> jax.Array:
+        step = jnp.asarray(step, jnp.int32)
+        progress = jnp.clip((step - anchor.step).astype(jnp.float32) / span, 0.0, 1.0)
+        decayed = final + (start - final) * _decay(progress, anchor.shape)
+        inside = (step >= anchor.step) & (step < anchor.end)
+        return jnp.where(inside, decayed, base(step))
+
+    return lr

@@ -43,10 +43,11 @@ from keel.train import distributed
 from keel.train.checkpoint import Checkpoints, TrainState
 from keel.train.compile_cache import enable_compilation_cache
 from keel.train.config import Phase, TrainConfig, cache_name
+from keel.train.events import append_event
 from keel.train.layout import RunLayout, initial_state, place_batch
 from keel.train.loader import MixtureLoader, WindowRange, check_cache, scored_batches, split_windows
 from keel.train.peak import device_peak
-from keel.train.schedule import piecewise_lr
+from keel.train.replan import resume_schedule
 from keel.train.step import StepFunctions, bits_per_byte, build_step_functions
 from keel.train.token_bytes import token_byte_lengths
 
@@ -113,15 +114,17 @@ def train(
     enable_compilation_cache()  # before anything compiles
     config = config.validate()
     data = open_run_data(config)
-    _check_resumable(config, output)
+    previous = _previous_config(config, output)
     primary = distributed.is_primary()
-    if primary:
-        dump_config(config, paths.join(output, CONFIG_FILE))
-
-    learning_rate = piecewise_lr(config.segments())
-    state, optimizer, layout = initial_state(config, learning_rate, devices)
     checkpoints = Checkpoints(output, config.checkpoint_every, config.keep_checkpoints)
     resumed_from = checkpoints.latest_step()
+    learning_rate, replanned = resume_schedule(config, output, previous, resumed_from)
+    if primary:
+        if replanned is not None:  # before the config: a kill between them re-plans the same
+            append_event(output, replanned)
+        dump_config(config, paths.join(output, CONFIG_FILE))
+
+    state, optimizer, layout = initial_state(config, learning_rate, devices)
     if resumed_from is not None:
         state = checkpoints.restore(state)
         logger.info("resuming %s from step %d", output, resumed_from)
@@ -333,18 +336,21 @@ def _start_from(run_dir: str, fresh: TrainState) -> TrainState:
     return TrainState(restored.params, fresh.opt_state, restored.router_bias, fresh.step, fresh.rng)
 
 
-def _check_resumable(config: TrainConfig, output: str) -> None:
+def _previous_config(config: TrainConfig, output: str) -> TrainConfig | None:
+    """The config the run in `output` last trained under (None: a new run); raise UsageError
+    when `config` differs from it in a setting a resume cannot change (RESUME_KEYS)."""
     previous_path = paths.join(output, CONFIG_FILE)
     if not paths.exists(previous_path):
-        return
-    previous = to_dict(load_config(previous_path, TrainConfig))
-    current = to_dict(config)
-    changed = [key for key in RESUME_KEYS if previous[key] != current[key]]
+        return None
+    previous = load_config(previous_path, TrainConfig)
+    before, now = to_dict(previous), to_dict(config)
+    changed = [key for key in RESUME_KEYS if before[key] != now[key]]
     if changed:
         raise UsageError(
             f"{output} holds a run with other {', '.join(changed)}: resuming it would mix two "
             "runs; use another --output (or delete that directory)"
         )
+    return previous
 
 
 def _truncate_metrics(path: str, step: int) -> None:
