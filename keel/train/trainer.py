@@ -6,6 +6,9 @@ A run directory holds
                       metrics per MoE layer, and at evaluation steps eval_loss and eval_bpb
     checkpoints/      Orbax checkpoints (see checkpoint.py)
     result.json       the final step's numbers, written when the run completes
+The run directory may be an fsspec URL (s3://bucket/run): the trainer then writes metrics.jsonl
+and the checkpoints in a local working copy that each checkpoint uploads (keel.train.run_dir),
+and writes config.yaml and result.json there directly.
 Starting a run on a directory that has checkpoints resumes from the latest: the data position
 is a function of the step, so the resumed run computes the same updates as an uninterrupted one.
 The loop never makes the devices wait for the host: step k's metrics are read only once step
@@ -114,20 +117,27 @@ def train(
     config = config.validate()
     data = open_run_data(config)
     _check_resumable(config, output)
+    if not paths.is_local(output) and jax.process_count() > 1:
+        raise UsageError(
+            f"{output}: a gang trains in a run directory on shared storage, not an object "
+            "store; train in one process there, or give the gang a shared local path"
+        )
     primary = distributed.is_primary()
     if primary:
         dump_config(config, paths.join(output, CONFIG_FILE))
 
     learning_rate = piecewise_lr(config.segments())
     state, optimizer, layout = initial_state(config, learning_rate, devices)
-    checkpoints = Checkpoints(output, config.checkpoint_every, config.keep_checkpoints)
+    checkpoints = Checkpoints(
+        output, config.checkpoint_every, config.keep_checkpoints, carried=(METRICS_FILE,)
+    )
     resumed_from = checkpoints.latest_step()
     if resumed_from is not None:
         state = checkpoints.restore(state)
         logger.info("resuming %s from step %d", output, resumed_from)
     elif config.init_from:
         state = _start_from(config.init_from, state)
-    metrics_path = paths.join(output, METRICS_FILE)
+    metrics_path = checkpoints.run.local_file(METRICS_FILE)  # uploaded with each checkpoint
     if primary:
         _truncate_metrics(metrics_path, int(state.step))
 
