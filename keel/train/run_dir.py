@@ -5,7 +5,8 @@ Orbax and an appended metrics.jsonl need a local file system (an object store ca
 nor append), so for a URL the trainer works in a local directory (made under the system's
 temporary directory, TMPDIR) and `commit` uploads, in this order:
     1. the files carried with checkpoints (metrics.jsonl), whole;
-    2. the new checkpoint's files, under checkpoints/<step>/;
+    2. the new checkpoint's files, under checkpoints/<step>/ (replacing any partial upload of
+       that step by a killed attempt);
     3. checkpoints/committed.json, {"steps": [...]}: the steps that are complete there, written
        last in one PUT, so a run killed during an upload never resumes from a partial checkpoint;
     4. the removal of the checkpoints retention dropped locally.
@@ -86,7 +87,9 @@ class RunMirror:
             paths.copy_file(self.local_file(name), paths.join(self.run_dir, name))
         checkpoints = paths.join(self.run_dir, self.checkpoints_dir)
         written = self.local / self.checkpoints_dir / str(step)
-        paths.copy_tree(str(written), paths.join(checkpoints, str(step)))
+        target = paths.join(checkpoints, str(step))
+        paths.remove_tree(target)  # an earlier attempt's partial upload, never committed
+        paths.copy_tree(str(written), target)
         paths.write_text(
             paths.join(checkpoints, COMMITTED_FILE), json.dumps({"steps": sorted(kept)}) + "\n"
         )

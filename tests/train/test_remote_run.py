@@ -14,6 +14,11 @@ import time
 import fsspec
 from mesh_support import assert_same_losses, tiny_moe, write_config
 
+from keel.core import paths
+from keel.train.checkpoint import CHECKPOINTS_DIR
+from keel.train.run_dir import RunMirror
+from keel.train.trainer import METRICS_FILE
+
 KEEL = [sys.executable, "-m", "keel"]
 CHECKPOINT = 10  # tiny_moe checkpoints every 10 steps of 20
 
@@ -79,3 +84,33 @@ def test_a_killed_run_on_s3_resumes_from_its_uploaded_checkpoint(
     # trained parameters: far below a fresh model's first loss (about ln 512 = 6.2)
     assert first_line["loss"] < one_device_run[0]["loss"] - 1.0, first_line
     assert {path: fs.info(path)["ETag"] for path in fs.find(url)} == before
+
+
+def test_a_partial_upload_is_never_resumed_from_and_is_replaced(tmp_path):
+    """A run killed while uploading checkpoint 20: the bucket holds part of checkpoints/20 but
+    committed.json still names 10, so a start downloads 10; the next upload of 20 replaces the
+    partial files instead of mixing with them."""
+    run_dir = f"memory://keel-test/{tmp_path.name}/run"
+    mirror = RunMirror(run_dir, CHECKPOINTS_DIR)
+    for step, files in ((10, ["a", "b"]), (20, ["c", "d"])):
+        for name in files:
+            (mirror.local / CHECKPOINTS_DIR / str(step) / name).parent.mkdir(
+                parents=True, exist_ok=True
+            )
+            (mirror.local / CHECKPOINTS_DIR / str(step) / name).write_text(f"{step} {name}")
+    (mirror.local / METRICS_FILE).write_text('{"step": 10}\n')
+    mirror.commit([METRICS_FILE], 10, [10])
+    paths.write_text(paths.join(run_dir, CHECKPOINTS_DIR, "20", "stale"), "partial upload")
+
+    again = RunMirror(run_dir, CHECKPOINTS_DIR)
+    assert again.committed_steps() == [10]
+    again.fetch([METRICS_FILE], 10)
+    assert (again.local / METRICS_FILE).read_text() == '{"step": 10}\n'
+    assert (again.local / CHECKPOINTS_DIR / "10" / "b").read_text() == "10 b"
+    mirror.commit([METRICS_FILE], 20, [20])  # keep_checkpoints=1: 10 is dropped remotely too
+    assert again.committed_steps() == [20]
+    assert paths.list_dir(paths.join(run_dir, CHECKPOINTS_DIR)) == ["20", "committed.json"]
+    assert paths.list_dir(paths.join(run_dir, CHECKPOINTS_DIR, "20")) == ["c", "d"]
+    mirror.close()
+    again.close()
+    assert not mirror.local.exists() and not again.local.exists()
