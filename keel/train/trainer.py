@@ -25,6 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -150,6 +151,7 @@ def train(
     if jax.process_count() == 1:  # a gang hears SIGTERM through JAX's preemption service
         install_stop_handler()
     with (
+        closing(checkpoints.run),  # on an error too: a remote run's working copy is removed
         paths.open_file(metrics_path if primary else os.devnull, "a") as metrics_file,
         MetricsSink(telemetry_target if primary else "", run=step_output() or output) as telemetry,
         stoppable(),
