@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from mesh_support import gang_run, one_device_run  # noqa: F401  (fixtures, used by name)
+from s3_support import s3, s3_server  # noqa: F401  (fixtures, used by name)
 
 WIKITEXT_SAMPLE = Path(__file__).parents[1] / "keel/experiments/sample/wikitext2.jsonl.gz"
 

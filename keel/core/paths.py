@@ -16,12 +16,20 @@ from typing import IO, Any
 import fsspec
 from fsspec import AbstractFileSystem
 
+from keel.core.errors import UsageError
+
 _LOCAL_PROTOCOLS = {"file", "local"}
 
 
 def filesystem(path: str | os.PathLike[str]) -> tuple[AbstractFileSystem, str]:
-    """The fsspec filesystem for `path` and the path as that filesystem spells it."""
-    return fsspec.core.url_to_fs(os.fspath(path))
+    """The fsspec filesystem for `path` and the path as that filesystem spells it; a
+    UsageError when that filesystem's package is not installed (s3fs for s3://)."""
+    try:
+        return fsspec.core.url_to_fs(os.fspath(path))
+    except ImportError as error:
+        raise UsageError(
+            f"{os.fspath(path)}: {error} (for s3://: pip install 'keel[s3]')"
+        ) from error
 
 
 def is_local(path: str | os.PathLike[str]) -> bool:
@@ -117,10 +125,26 @@ def move_file(source: str, target: str) -> None:
         local_path(target).parent.mkdir(parents=True, exist_ok=True)
         shutil.move(local_path(source), local_path(target))
         return
-    with open_file(source, "rb") as reader, open_file(target, "wb") as writer:
-        shutil.copyfileobj(reader, writer, length=8 * 1024 * 1024)
+    copy_file(source, target)
     fs, fs_path = filesystem(source)
     fs.rm_file(fs_path)
+
+
+def copy_file(source: str, target: str) -> None:
+    """Copy one file, between any two filesystems (8 MiB at a time)."""
+    with open_file(source, "rb") as reader, open_file(target, "wb") as writer:
+        shutil.copyfileobj(reader, writer, length=8 * 1024 * 1024)
+
+
+def copy_tree(source: str, target: str) -> list[str]:
+    """Copy every file under directory `source` into directory `target`, keeping relative paths,
+    between any two filesystems (an upload or a download when one side is local); the relative
+    paths copied, sorted."""
+    fs, fs_root = filesystem(source)
+    relative = sorted(posixpath.relpath(file, fs_root) for file in fs.find(fs_root))
+    for name in relative:
+        copy_file(join(source, *name.split("/")), join(target, *name.split("/")))
+    return relative
 
 
 def move_tree(source: str, target: str) -> None:

@@ -2,6 +2,17 @@
 bias, step and the RNG key. The data position is not saved: the batch at a step is a pure
 function of (seed, step). Orbax writes a checkpoint into a temporary directory and renames it
 when complete, so a run killed mid-save leaves the previous checkpoint as the latest.
+
+A run directory on object storage (an fsspec URL: s3://, gs://) holds the same files: the
+checkpoints are written to a local working copy and each one is uploaded after its save, the
+latest downloaded before a restore (keel.train.run_dir, whose `commit` is the one function that
+uploads). Orbax cannot write there directly: orbax-checkpoint 0.12.8 takes the path as an
+etils.epath.Path, which turns s3://bucket/run into the relative local path s3:/bucket/run and
+fails ("Checkpoint path should be absolute"; tried against a moto S3 server, Dec 2026); Orbax
+builds its tensorstore spec from that path, so tensorstore's own s3 driver is not reachable with
+a custom endpoint either. The copy costs one upload per checkpoint and a local disk as large as
+the checkpoints kept, and works with every fsspec filesystem (s3fs, gcsfs, ...) and its usual
+credentials.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ import orbax.checkpoint as ocp
 
 from keel.core import paths
 from keel.core.errors import UsageError
+from keel.train.run_dir import RunMirror
 
 CHECKPOINTS_DIR = "checkpoints"
 
@@ -36,14 +48,22 @@ class TrainState:
 
 
 class Checkpoints:
-    """The checkpoints of one run directory: every `every` steps and at the end, the newest
-    `keep` kept."""
+    """The checkpoints of one run directory (a local path or an fsspec URL): every `every`
+    steps and at the end, the newest `keep` kept. For a URL, the latest checkpoint and the
+    `carried` files (relative to the run directory, e.g. metrics.jsonl) are downloaded into the
+    working copy (`run.local`) now, and each save uploads the carried files with the new
+    checkpoint."""
 
-    def __init__(self, run_dir: str, every: int, keep: int) -> None:
-        directory = paths.local_path(paths.join(run_dir, CHECKPOINTS_DIR)).resolve()
+    def __init__(self, run_dir: str, every: int, keep: int, carried: tuple[str, ...] = ()) -> None:
+        self.run = RunMirror(run_dir, CHECKPOINTS_DIR)
+        self.carried = carried
+        committed = self.run.committed_steps() if self.run.remote else []
+        self.run.fetch(carried, committed[-1] if committed else None)
+        directory = self.run.local / CHECKPOINTS_DIR
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False)
         self.every = every
-        self.directory = str(directory)
+        self.directory = paths.join(self.run.run_dir, CHECKPOINTS_DIR)
+        """Where the checkpoints are (for messages): the run directory's, not a working copy's."""
         self.manager = ocp.CheckpointManager(directory, options=options)
 
     def latest_step(self) -> int | None:
@@ -56,6 +76,7 @@ class Checkpoints:
             return False
         self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
         self.manager.wait_until_finished()
+        self.run.commit(self.carried, step, self.manager.all_steps())
         return True
 
     def restore(self, like: TrainState, step: int | None = None) -> TrainState:
@@ -68,4 +89,6 @@ class Checkpoints:
         return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
 
     def close(self) -> None:
+        """Close the manager; a working copy is removed (every checkpoint in it is uploaded)."""
         self.manager.close()
+        self.run.close()

@@ -6,6 +6,9 @@ A run directory holds
                       metrics per MoE layer, and at evaluation steps eval_loss and eval_bpb
     checkpoints/      Orbax checkpoints (see checkpoint.py)
     result.json       the final step's numbers, written when the run completes
+The run directory may be an fsspec URL (s3://bucket/run): the trainer then writes metrics.jsonl
+and the checkpoints in a local working copy that each checkpoint uploads (keel.train.run_dir),
+and writes config.yaml and result.json there directly.
 Starting a run on a directory that has checkpoints resumes from the latest: the data position
 is a function of the step, so the resumed run computes the same updates as an uninterrupted one.
 The loop never makes the devices wait for the host: step k's metrics are read only once step
@@ -22,6 +25,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -115,8 +119,15 @@ def train(
     config = config.validate()
     data = open_run_data(config)
     previous = _previous_config(config, output)
+    if not paths.is_local(output) and jax.process_count() > 1:
+        raise UsageError(
+            f"{output}: a gang trains in a run directory on shared storage, not an object "
+            "store; train in one process there, or give the gang a shared local path"
+        )
     primary = distributed.is_primary()
-    checkpoints = Checkpoints(output, config.checkpoint_every, config.keep_checkpoints)
+    checkpoints = Checkpoints(
+        output, config.checkpoint_every, config.keep_checkpoints, carried=(METRICS_FILE,)
+    )
     resumed_from = checkpoints.latest_step()
     learning_rate, replanned = resume_schedule(config, output, previous, resumed_from)
     if primary:
@@ -130,7 +141,7 @@ def train(
         logger.info("resuming %s from step %d", output, resumed_from)
     elif config.init_from:
         state = _start_from(config.init_from, state)
-    metrics_path = paths.join(output, METRICS_FILE)
+    metrics_path = checkpoints.run.local_file(METRICS_FILE)  # uploaded with each checkpoint
     if primary:
         _truncate_metrics(metrics_path, int(state.step))
 
@@ -143,6 +154,7 @@ def train(
     if jax.process_count() == 1:  # a gang hears SIGTERM through JAX's preemption service
         install_stop_handler()
     with (
+        closing(checkpoints.run),  # on an error too: a remote run's working copy is removed
         paths.open_file(metrics_path if primary else os.devnull, "a") as metrics_file,
         MetricsSink(telemetry_target if primary else "", run=step_output() or output) as telemetry,
         stoppable(),
