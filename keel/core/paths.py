@@ -169,6 +169,16 @@ def make_dirs(path: str | os.PathLike[str]) -> None:
     fs.makedirs(fs_path, exist_ok=True)
 
 
+def remove_file(path: str | os.PathLike[str]) -> None:
+    """Delete one file; a missing file is not an error."""
+    if is_local(path):
+        local_path(path).unlink(missing_ok=True)
+        return
+    fs, fs_path = filesystem(path)
+    if fs.exists(fs_path):
+        fs.rm_file(fs_path)
+
+
 def remove_tree(path: str | os.PathLike[str]) -> None:
     """Delete a directory tree; a missing path is not an error."""
     if is_local(path):

@@ -231,7 +231,7 @@ def _tokenize_into(
     with paths.open_file(paths.join(staging, TOKENIZER_FILE), "wb") as handle:
         handle.write(data)
     for name in result.files:
-        _remove(name)
+        paths.remove_file(name)
     manifest = Manifest(
         tokenizer_sha256=hashlib.sha256(data).hexdigest(),
         vocab_size=vocab_size,
@@ -356,12 +356,3 @@ def _parse(data: bytes, where: str) -> Tokenizer:
         raise UsageError(
             f"{where} is not a tokenizer.json that `tokenizers` reads: {error}"
         ) from error
-
-
-def _remove(path: str) -> None:
-    if paths.is_local(path):
-        paths.local_path(path).unlink(missing_ok=True)
-        return
-    fs, fs_path = paths.filesystem(path)
-    if fs.exists(fs_path):
-        fs.rm_file(fs_path)

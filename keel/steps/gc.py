@@ -51,7 +51,7 @@ def unused_outputs(store: StepStore, kept: set[str]) -> list[UnusedOutput]:
 def remove_output(store: StepStore, unused: UnusedOutput) -> None:
     """Remove one committed output: its record first, then its files, then its control
     directory when no live runner holds the step's lock."""
-    _remove_file(paths.join(unused.output, *RECORD.split("/")))
+    paths.remove_file(paths.join(unused.output, *RECORD.split("/")))
     if paths.is_local(unused.output):
         aside = paths.join(store.prefix, f".{unused.dir_name}.gc-{uuid.uuid4().hex[:8]}")
         os.rename(paths.local_path(unused.output), paths.local_path(aside))
@@ -63,15 +63,6 @@ def remove_output(store: StepStore, unused: UnusedOutput) -> None:
     holder = lock.holder()
     if holder is None or holder.is_stale(lock.settings):
         paths.remove_tree(control)
-
-
-def _remove_file(path: str) -> None:
-    if paths.is_local(path):
-        paths.local_path(path).unlink(missing_ok=True)
-        return
-    fs, fs_path = paths.filesystem(path)
-    if fs.exists(fs_path):
-        fs.rm_file(fs_path)
 
 
 def _size(path: str) -> int:

@@ -93,5 +93,15 @@ class KeelCli:
         return self.counter.read_text().split() if self.counter.exists() else []
 
 
+def keel(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    """`keel ARGS...` in `cwd`; with `check`, assert it exited 0 (showing its stderr if not)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "keel", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]

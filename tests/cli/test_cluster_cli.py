@@ -7,17 +7,12 @@ import subprocess
 import sys
 import time
 
+from cli_support import keel
+
 from keel.cluster import state
 from keel.cluster.lock import held_by_someone
 
 KEEL = [sys.executable, "-m", "keel"]
-
-
-def keel(*args, cwd, check=True):
-    result = subprocess.run([*KEEL, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
-    if check:
-        assert result.returncode == 0, result.stderr
-    return result
 
 
 def wait_for(cwd, job_id, states, timeout=60):

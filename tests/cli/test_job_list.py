@@ -6,14 +6,7 @@ import subprocess
 import sys
 import time
 
-KEEL = [sys.executable, "-m", "keel"]
-
-
-def keel(*args, cwd, check=True):
-    result = subprocess.run([*KEEL, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
-    if check:
-        assert result.returncode == 0, result.stderr
-    return result
+from cli_support import keel
 
 
 def listed(cwd, *args):
