@@ -57,6 +57,10 @@ COMMANDS: dict[str, LazyCommand] = {
         "train_commands",
         "Train a model; running the same command again resumes from the last checkpoint.",
     ),
+    "runs": LazyCommand(
+        "runs_commands",
+        "Commands about existing training runs: where a run branched from (lineage).",
+    ),
     "data": LazyCommand(
         "data_commands", "DataKit: raw documents -> deduplicated, decontaminated training tokens."
     ),

@@ -26,6 +26,7 @@ from keel.core.errors import UsageError
 from keel.core.gang import REPLICAS, run_local_gang
 from keel.core.progress import PROGRESS_FORMS, ProgressDisplay, parse_progress
 from keel.steps import all_steps, load_experiment, output_path, run
+from keel.train.branch import parse_branch_point
 from keel.train.config import TrainConfig, apply_train_overrides
 from keel.train.distributed import check_shared_directory, initialize_from_env, process_label
 from keel.train.layout import check_mesh, run_devices
@@ -109,6 +110,13 @@ def train_command(
         help="Print the complete config as YAML (preset, file, --set and --steps applied) and "
         "exit: `keel train THAT.yaml` trains the same run.",
     ),
+    branch_from: str | None = typer.Option(
+        None,
+        "--from",
+        metavar="RUN:STEP",
+        help="Start this new run from RUN's checkpoint at STEP (its whole state), then follow "
+        "this config: a branch, e.g. a cooldown. RUN is only read.",
+    ),
     gate: int | None = typer.Option(
         None,
         "--gate",
@@ -138,8 +146,10 @@ def train_command(
       keel train --preset tiny-dense --progress 20 > train.log 2>&1   # a line every 20 steps
       keel train --preset tiny-moe --print-config > run.yaml   # every key, to edit
       keel train run.yaml --gate 20 --memory-limit 80GB   # qualify it before a long run
+      keel train cooldown.yaml --from runs/main:2000 --output runs/cool   # a branch
     """
     style = parse_progress(progress_form, quiet)
+    branch = None if branch_from is None else parse_branch_point(branch_from)
     config, name = load_train_config(config_file, preset_name, overrides)
     if steps is not None:
         config = replace(config, steps=steps)
@@ -193,7 +203,7 @@ def train_command(
         check_shared_directory(output, gang)
         stderr.print(f"{process_label(gang)} of the gang at {gang.coordinator}")
         if gang.process != 0:  # it trains; process 0 reports
-            train(config, output)
+            train(config, output, branch=branch)
             return
     with ProgressDisplay(style) as progress:
         shown = progress.task("train", config.total_steps)
@@ -205,7 +215,7 @@ def train_command(
                 speed=f"{line['tokens_per_s']:,.0f} tokens/s",
             )
 
-        result = train(config, output, on_step=on_step)
+        result = train(config, output, on_step=on_step, branch=branch)
     if as_json:
         print_json({"output": result.output, "resumed_from": result.resumed_from, **result.last})
         return

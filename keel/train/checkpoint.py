@@ -54,13 +54,32 @@ class Checkpoints:
     working copy (`run.local`) now, and each save uploads the carried files with the new
     checkpoint."""
 
-    def __init__(self, run_dir: str, every: int, keep: int, carried: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        run_dir: str,
+        every: int,
+        keep: int,
+        carried: tuple[str, ...] = (),
+        *,
+        keep_every: int = 0,
+        read_step: int | None = None,
+    ) -> None:
+        """`keep_every` > 0 also keeps, for good, every checkpoint whose step is a multiple of
+        it. `read_step` opens the run read-only (another run's, to start from): nothing is
+        ever written or deleted there, and for a URL that checkpoint (default: the latest) is
+        the one downloaded."""
         self.run = RunMirror(run_dir, CHECKPOINTS_DIR)
         self.carried = carried
         committed = self.run.committed_steps() if self.run.remote else []
-        self.run.fetch(carried, committed[-1] if committed else None)
+        fetched = read_step if read_step is not None else (committed[-1] if committed else None)
+        self.run.fetch(carried, fetched if fetched in committed else None)
         directory = self.run.local / CHECKPOINTS_DIR
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=False)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep,
+            keep_period=keep_every or None,
+            enable_async_checkpointing=False,
+            read_only=read_step is not None,
+        )
         self.every = every
         self.directory = paths.join(self.run.run_dir, CHECKPOINTS_DIR)
         """Where the checkpoints are (for messages): the run directory's, not a working copy's."""
@@ -68,6 +87,12 @@ class Checkpoints:
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
+
+    def steps(self) -> list[int]:
+        """The steps checkpointed here, ascending (for a URL: those committed there)."""
+        if self.run.remote:
+            return self.run.committed_steps()
+        return sorted(self.manager.all_steps())
 
     def save(self, state: TrainState, *, force: bool = False) -> bool:
         """Save when the step is on the interval (or `force`); whether it saved."""

@@ -86,6 +86,11 @@ class TrainConfig:
     """Batches per evaluation and cache (at most)."""
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
+    """The newest checkpoints kept (older ones are deleted as new ones are written)."""
+    keep_every: int = field(default=0, metadata={"identity": False})
+    """Also keep every checkpoint whose step is a multiple of this, for good (0: none): points a
+    branch (`keel train --from RUN:STEP`) can start from later. Not part of the run's identity:
+    it says what to keep, not what to train."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the forward and backward pass; parameters and optimizer state stay float32."""
     mesh: MeshConfig = field(default_factory=MeshConfig)
@@ -138,6 +143,8 @@ class TrainConfig:
         for every in ("eval_every", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, every) < 1:
                 raise ConfigError(f"{every} must be at least 1, got {getattr(self, every)}")
+        if self.keep_every < 0:
+            raise ConfigError(f"keep_every must be 0 (none) or a step count, got {self.keep_every}")
         for phase in self.phases:
             if phase.seq_len < 1 or phase.tokens < 0:
                 raise ConfigError(f"phase {phase.name!r}: seq_len must be >= 1 and tokens >= 0")

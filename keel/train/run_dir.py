@@ -30,6 +30,10 @@ from keel.core import paths
 
 logger = logging.getLogger(__name__)
 
+CONFIG_FILE = "config.yaml"
+"""The config a run last trained under (written when it starts or resumes)."""
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
 COMMITTED_FILE = "committed.json"
 """In a remote checkpoints/ directory: the steps uploaded completely."""
 

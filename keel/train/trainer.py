@@ -42,8 +42,9 @@ from keel.core.stop import install_handler as install_stop_handler
 from keel.data.token_cache import TokenCache
 from keel.model.size import flops_per_token
 from keel.steps.context import step_output
-from keel.telemetry.sink import TARGET_ENV, MetricsSink
+from keel.telemetry.sink import TARGET_ENV, MetricsSink, write_record
 from keel.train import distributed
+from keel.train.branch import BranchPoint, branch_event, branch_state, parent_config
 from keel.train.checkpoint import Checkpoints, TrainState
 from keel.train.compile_cache import enable_compilation_cache
 from keel.train.config import Phase, TrainConfig, cache_name
@@ -52,14 +53,14 @@ from keel.train.layout import RunLayout, initial_state, place_batch
 from keel.train.loader import MixtureLoader, WindowRange, check_cache, scored_batches, split_windows
 from keel.train.peak import device_peak
 from keel.train.replan import resume_schedule
+from keel.train.run_dir import CONFIG_FILE, METRICS_FILE, RESULT_FILE
 from keel.train.step import StepFunctions, bits_per_byte, build_step_functions
 from keel.train.token_bytes import token_byte_lengths
 
 logger = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.jsonl"
-RESULT_FILE = "result.json"
+EVENTS_NAMESPACE = "train.events"
+"""Telemetry namespace of a run's events (branches), beside train.metrics."""
 RESUME_KEYS = ("model", "seed", "batch_size", "compute_dtype")
 """Settings a resumed run must share with the run that wrote its checkpoints (the mesh may
 change: checkpoints are resharded onto the resumed run's devices)."""
@@ -111,10 +112,13 @@ def train(
     *,
     on_step: Callable[[dict[str, Any]], None] | None = None,
     devices: list[jax.Device] | None = None,
+    branch: BranchPoint | None = None,
 ) -> TrainResult:
     """Train (or resume) the run in `output` to config.total_steps on `devices` (default: every
     device of every process of the gang); `on_step` receives each step's metrics as they are
-    written. Only process 0 writes the run's files; every process writes checkpoints."""
+    written. A new run given `branch` starts from that run's whole state at that step
+    (keel.train.branch); once it has checkpoints it resumes from them like any run. Only
+    process 0 writes the run's files; every process writes checkpoints."""
     enable_compilation_cache()  # before anything compiles
     config = config.validate()
     data = open_run_data(config)
@@ -125,10 +129,21 @@ def train(
             "store; train in one process there, or give the gang a shared local path"
         )
     primary = distributed.is_primary()
+    if branch is not None and config.init_from:
+        raise UsageError("--from and init_from both say where to start: give one of them")
+    # A new branch checks its parent before anything is written here.
+    parent = parent_config(branch, config) if branch is not None and previous is None else None
     checkpoints = Checkpoints(
-        output, config.checkpoint_every, config.keep_checkpoints, carried=(METRICS_FILE,)
+        output,
+        config.checkpoint_every,
+        config.keep_checkpoints,
+        carried=(METRICS_FILE,),
+        keep_every=config.keep_every,
     )
     resumed_from = checkpoints.latest_step()
+    branching = branch is not None and resumed_from is None
+    if branching and parent is None:  # a branch killed before its first checkpoint
+        parent = parent_config(branch, config)
     learning_rate, replanned = resume_schedule(config, output, previous, resumed_from)
     if primary:
         if replanned is not None:  # before the config: a kill between them re-plans the same
@@ -139,6 +154,13 @@ def train(
     if resumed_from is not None:
         state = checkpoints.restore(state)
         logger.info("resuming %s from step %d", output, resumed_from)
+    elif branching:
+        state = branch_state(branch, state)
+        logger.info("branching %s from %s", output, branch)
+        if primary:
+            event = branch_event(branch, parent, config)
+            append_event(output, event)
+            _report_event(config, output, event)
     elif config.init_from:
         state = _start_from(config.init_from, state)
     metrics_path = checkpoints.run.local_file(METRICS_FILE)  # uploaded with each checkpoint
@@ -336,6 +358,13 @@ def _schedule(phases: list[PhasePlan], first_step: int) -> Iterator[tuple[PhaseP
     for plan in phases:
         for step in range(max(first_step, plan.start), plan.start + plan.steps):
             yield plan, step
+
+
+def _report_event(config: TrainConfig, output: str, event: dict[str, Any]) -> None:
+    """`event` as a row of telemetry's train.events, where the run reports to telemetry."""
+    target = config.telemetry or os.environ.get(TARGET_ENV, "")
+    if target:
+        write_record(target, EVENTS_NAMESPACE, {"run": step_output() or output, **event})
 
 
 def _start_from(run_dir: str, fresh: TrainState) -> TrainState:
