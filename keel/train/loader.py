@@ -207,8 +207,16 @@ class MixtureLoader:
     is a pure function of (seed, step). See the module docstring for the exact addressing."""
 
     def __init__(
-        self, sources: Sequence[tuple[WindowRange, float]], batch_size: int, seed: int
+        self,
+        sources: Sequence[tuple[WindowRange, float]],
+        batch_size: int,
+        seed: int,
+        position: tuple[int, int] = (0, 0),
     ) -> None:
+        """`position` = (step, sequence): the batch at `step` starts at global sequence index
+        `sequence` (default: step 0 at sequence 0). A run whose batch size changed at step r
+        continues at (r, the sequences drawn before r), so no sequence is drawn twice or
+        skipped across the change."""
         if not sources:
             raise ConfigError("a loader needs at least one source (a window range and a weight)")
         if batch_size < 1:
@@ -223,6 +231,7 @@ class MixtureLoader:
         self.seq_len = self.ranges[0].seq_len
         self.batch_size = batch_size
         self.seed = seed
+        self.position = position
         opened: dict[str, TokenCache] = {}
         for window_range in self.ranges:
             if window_range.seq_len != self.seq_len:
@@ -285,7 +294,14 @@ class MixtureLoader:
         """(source [batch_size] int64, window [batch_size] int64) of each sequence of a step."""
         if step < 0:
             raise UsageError(f"step must be at least 0, got {step}")
-        g = step * self.batch_size + np.arange(self.batch_size, dtype=np.int64)
+        first_step, first_sequence = self.position
+        if step < first_step:
+            raise UsageError(f"step {step} is before this loader's first step {first_step}")
+        g = (
+            first_sequence
+            + (step - first_step) * self.batch_size
+            + np.arange(self.batch_size, dtype=np.int64)
+        )
         if len(self.ranges) == 1:
             source, g_s = np.zeros_like(g), g
         else:

@@ -8,7 +8,8 @@ re-plans made so far. When a run resumes at step r under a config whose schedule
 - in the new plan the phase holding r decays from its decay start (wsd: max(warmup, end x (1 -
   decay_fraction)); cosine and linear: the end of warmup; constant: its end);
 - before that decay start, while the run has not begun decaying (`current` is the new plan's lr
-  at r), the configured schedule runs with its new end: nothing is anchored;
+  at r), the configured schedule runs with its new end: nothing is anchored; nor at the first
+  step of a phase (one appended on resume): its own schedule, warmup included, applies;
 - otherwise the lr decays from `current` at r to the phase's final lr (final_fraction x peak_lr)
   at its new end, in the phase's decay shape (wsd's decay_shape, or its kind): an Anchor.
 
@@ -56,7 +57,8 @@ def resume_schedule(
     segment = next(s for s in config.segments() if s.start_step <= step < s.end_step)
     schedule = segment.schedule
     anchor = None
-    if step >= decay_start(segment) or current < float(base(step)) * (1 - 1e-6):
+    inside = step > segment.start_step  # at a phase's first step, the phase's own schedule
+    if inside and (step >= decay_start(segment) or current < float(base(step)) * (1 - 1e-6)):
         anchor = Anchor(
             step=step,
             lr=current,

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from keel.core import paths
-from keel.core.config import dump_config, load_config, to_dict
+from keel.core.config import dump_config, load_config
 from keel.core.errors import ConfigError, UsageError
 from keel.core.stop import Stopped, stop_requested, stoppable
 from keel.core.stop import install_handler as install_stop_handler
@@ -51,6 +51,7 @@ from keel.train.config import Phase, TrainConfig, cache_name
 from keel.train.events import append_event
 from keel.train.layout import RunLayout, initial_state, place_batch
 from keel.train.loader import MixtureLoader, WindowRange, check_cache, scored_batches, split_windows
+from keel.train.midrun import check_resume_changes, data_positions
 from keel.train.peak import device_peak
 from keel.train.replan import resume_schedule
 from keel.train.run_dir import CONFIG_FILE, METRICS_FILE, RESULT_FILE
@@ -61,9 +62,6 @@ logger = logging.getLogger(__name__)
 
 EVENTS_NAMESPACE = "train.events"
 """Telemetry namespace of a run's events (branches), beside train.metrics."""
-RESUME_KEYS = ("model", "seed", "batch_size", "compute_dtype")
-"""Settings a resumed run must share with the run that wrote its checkpoints (the mesh may
-change: checkpoints are resharded onto the resumed run's devices)."""
 
 
 @dataclass(frozen=True)
@@ -144,10 +142,15 @@ def train(
     branching = branch is not None and resumed_from is None
     if branching and parent is None:  # a branch killed before its first checkpoint
         parent = parent_config(branch, config)
+    positions, batch_changed = data_positions(output, config, previous, resumed_from)
+    if positions:  # a batch size changed mid-phase: its loader continues where the data stands
+        data = open_run_data(config, positions)
     learning_rate, replanned = resume_schedule(config, output, previous, resumed_from)
     if primary:
-        if replanned is not None:  # before the config: a kill between them re-plans the same
-            append_event(output, replanned)
+        # Before the config: a kill between them finds the same change again on resume.
+        for event in (batch_changed, replanned):
+            if event is not None:
+                append_event(output, event)
         dump_config(config, paths.join(output, CONFIG_FILE))
 
     state, optimizer, layout = initial_state(config, learning_rate, devices)
@@ -308,8 +311,12 @@ class _StepLog:
             self.on_step(line)
 
 
-def open_run_data(config: TrainConfig) -> RunData:
-    """Open and check every cache the run names (vocabulary, size) and build the loaders."""
+def open_run_data(
+    config: TrainConfig, positions: dict[int, tuple[int, int]] | None = None
+) -> RunData:
+    """Open and check every cache the run names (vocabulary, size) and build the loaders;
+    `positions` gives a phase's loader the (phase step, sequence) it starts from
+    (keel.train.midrun: after a batch-size change)."""
     vocab = config.model.vocab_size
     caches: dict[str, TokenCache] = {}
 
@@ -336,7 +343,12 @@ def open_run_data(config: TrainConfig) -> RunData:
                 _, held_out = split_windows(cache(source.cache), eval_seq_len, config.eval_fraction)
                 name = source.name or cache_name(source.cache)
                 _add_eval_set(eval_sets, name, EvalSet(held_out, whole=False))
-        loader = MixtureLoader(sources, config.batch_size, seed=config.seed * 1009 + index)
+        loader = MixtureLoader(
+            sources,
+            config.batch_size,
+            seed=config.seed * 1009 + index,
+            position=(positions or {}).get(index, (0, 0)),
+        )
         plans.append(PhasePlan(phase, segment.start_step, segment.steps, loader))
     for path, name in zip(config.eval_data, config.eval_set_names(), strict=True):
         opened = cache(path)
@@ -379,18 +391,12 @@ def _start_from(run_dir: str, fresh: TrainState) -> TrainState:
 
 def _previous_config(config: TrainConfig, output: str) -> TrainConfig | None:
     """The config the run in `output` last trained under (None: a new run); raise UsageError
-    when `config` differs from it in a setting a resume cannot change (RESUME_KEYS)."""
+    when `config` changes something a resume cannot (keel.train.midrun)."""
     previous_path = paths.join(output, CONFIG_FILE)
     if not paths.exists(previous_path):
         return None
     previous = load_config(previous_path, TrainConfig)
-    before, now = to_dict(previous), to_dict(config)
-    changed = [key for key in RESUME_KEYS if before[key] != now[key]]
-    if changed:
-        raise UsageError(
-            f"{output} holds a run with other {', '.join(changed)}: resuming it would mix two "
-            "runs; use another --output (or delete that directory)"
-        )
+    check_resume_changes(previous, config, output)
     return previous
 
 

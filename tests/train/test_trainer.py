@@ -95,7 +95,7 @@ def test_init_from_starts_a_new_run_from_another_runs_parameters(wikitext_cache,
 def test_a_run_directory_refuses_another_model(wikitext_cache, tmp_path):
     train(config(wikitext_cache, steps=2), str(tmp_path))
     other = config(wikitext_cache, steps=2, model=replace(SMALL, d_model=64))
-    with pytest.raises(UsageError, match="other model"):
+    with pytest.raises(UsageError, match=r"model.d_model \(\d+ -> 64\) changes the parameters"):
         train(other, str(tmp_path))
 
 
