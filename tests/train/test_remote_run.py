@@ -1,8 +1,9 @@
-"""A run directory on object storage: `keel train --output s3://...` against a real S3 server on
-localhost (moto, tests/s3_support.py). SIGKILLed after its checkpoint at step 10 reached the
-bucket, the same command resumes from that checkpoint and every later loss equals the
-uninterrupted run's exactly; the finished run's files are all in the bucket and nothing was
-written to a local folder named after the URL. Another run starts from it with `init_from`."""
+"""A run directory on object storage, against a real S3 server on localhost (moto,
+tests/s3_support.py): a train step of `keel run --prefix s3://...` SIGKILLed after its checkpoint
+at step 10 reached the bucket resumes from that checkpoint when run again, and every later loss
+equals the uninterrupted run's exactly; the finished run's files are all in the bucket and
+nothing was written to a local folder named after the URL. Another run starts from it with
+`keel train --set init_from=s3://...`."""
 
 from __future__ import annotations
 
@@ -36,35 +37,59 @@ def _metrics(fs, url: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-def test_a_killed_run_on_s3_resumes_from_its_uploaded_checkpoint(
+EXPERIMENT = """
+from keel.core.config import load_config
+from keel.train.config import TrainConfig
+from keel.train.steps import train_step
+
+STEPS = [train_step("train", load_config({config!r}, TrainConfig))]
+"""
+
+
+def _one(fs, pattern: str) -> str | None:
+    """The one s3:// URL matching `pattern` (None: none yet), listed afresh."""
+    fs.invalidate_cache()
+    found = fs.glob(pattern)
+    assert len(found) <= 1, found
+    return f"s3://{found[0]}" if found else None
+
+
+def test_a_killed_train_step_on_s3_resumes_from_its_uploaded_checkpoint(
     s3, one_device_run, wikitext_cache, tmp_path
 ):
+    """`keel run --prefix s3://...`: the train step's run directory (its work directory) is in
+    the bucket; SIGKILLed after checkpoint 10 was uploaded, the rerun resumes from it."""
     fs = fsspec.filesystem("s3", skip_instance_cache=True)
-    url = s3.url("run")
+    prefix = s3.url("prefix")
     config = write_config(tiny_moe(wikitext_cache), tmp_path / "run.yaml")
-    command = [*KEEL, "train", str(config), "--output", url]
+    experiment = tmp_path / "experiment.py"
+    experiment.write_text(EXPERIMENT.format(config=str(config)))
+    command = [*KEEL, "run", str(experiment), "--prefix", prefix]
 
     first = subprocess.Popen(
         command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
     deadline = time.monotonic() + 240
-    while CHECKPOINT not in _committed(fs, url):
+    while (work := _one(fs, f"{prefix}/.keel/steps/train-*/work")) is None or (
+        CHECKPOINT not in _committed(fs, work)
+    ):
         assert first.poll() is None, first.stderr.read()[-3000:]
         assert time.monotonic() < deadline, "no checkpoint reached the bucket in 240 s"
         time.sleep(0.05)
     first.kill()
     first.communicate(timeout=60)
-    assert _committed(fs, url) == [CHECKPOINT], "the run ended before the kill"
-    assert [row["step"] for row in _metrics(fs, url)] == list(range(1, CHECKPOINT + 1))
+    assert _committed(fs, work) == [CHECKPOINT], "the run ended before the kill"
+    assert [row["step"] for row in _metrics(fs, work)] == list(range(1, CHECKPOINT + 1))
 
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resumed from step {CHECKPOINT}" in again.stdout  # not restarted from step 0
+    assert f"from step {CHECKPOINT}" in again.stderr  # resumed, not restarted from step 0
+    url = _one(fs, f"{prefix}/train-*")
     assert_same_losses(_metrics(fs, url), one_device_run)
     result = json.loads(fs.cat_file(f"{url}/result.json"))
     assert result["step"] == one_device_run[-1]["step"]
-    assert fs.exists(f"{url}/config.yaml")
-    assert _committed(fs, url) == [10, 20]
+    assert fs.exists(f"{url}/config.yaml") and _committed(fs, url) == [10, 20]
+    assert _one(fs, f"{prefix}/.keel/steps/train-*/work") is None  # removed after the commit
     assert not list(tmp_path.glob("s3*")), "wrote to a local folder named after the URL"
 
     # A new run starts from the remote run's parameters (init_from), leaving it untouched.
