@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from keel.core.config import apply_overrides, dump_config
+from keel.telemetry import TelemetryStore
 from keel.train.branch import BranchPoint
 from keel.train.presets import preset
 from keel.train.trainer import train
@@ -66,7 +67,9 @@ def test_keep_every_keeps_older_checkpoints_for_branches(parent):
 def test_a_branch_with_the_parents_config_reproduces_its_losses(parent, wikitext_cache, tmp_path):
     before = tree_digest(parent)
     branch = tmp_path / "branch"
-    train(tiny(wikitext_cache), str(branch), branch=BranchPoint(str(parent), 20))
+    telemetry = tmp_path / "telemetry"
+    reported = replace(tiny(wikitext_cache), telemetry=str(telemetry))  # not part of identity
+    train(reported, str(branch), branch=BranchPoint(str(parent), 20))
     got, want = losses(branch), losses(parent)
     assert sorted(got) == list(range(21, 31))
     assert [got[step] for step in range(21, 31)] == [want[step] for step in range(21, 31)]
@@ -78,6 +81,9 @@ def test_a_branch_with_the_parents_config_reproduces_its_losses(parent, wikitext
     assert lineage.returncode == 0, lineage.stderr
     (link,) = json.loads(lineage.stdout)["lineage"]
     assert (link["run"], link["parent"], link["step"]) == (str(branch), str(parent), 20)
+    with TelemetryStore(telemetry) as store:
+        rows = store.query('SELECT run, event, parent, step FROM "train.events"').to_pylist()
+    assert rows == [{"run": str(branch), "event": "branch", "parent": str(parent), "step": 20}]
     alone = subprocess.run([*KEEL, "runs", "lineage", str(parent)], capture_output=True, text=True)
     assert "started from scratch" in alone.stdout
 
