@@ -123,7 +123,11 @@ def _wait_for_gang(members: list[subprocess.Popen[bytes]]) -> int:
 
 
 def _stop(members: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM every member still running, SIGKILL what is left after the grace period."""
+    """SIGTERM every member still running, SIGKILL what is left after the grace period.
+
+    Every wait is bounded: a KeyboardInterrupt that lands inside Popen.poll() can leave the
+    Popen's internal wait lock held (a CPython race), and an unbounded wait() would then block
+    for good; a member killed but not reaped here is reaped by init once this process exits."""
     for member in members:
         if member.poll() is None:
             member.terminate()
@@ -133,7 +137,10 @@ def _stop(members: list[subprocess.Popen[bytes]]) -> None:
     for member in members:
         if member.poll() is None:
             member.kill()
-        member.wait()
+        try:
+            member.wait(timeout=STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            logger.warning("gang member pid %d did not exit after SIGKILL", member.pid)
 
 
 @contextlib.contextmanager
