@@ -59,6 +59,22 @@ def tiny_moe(cache: str, mesh: MeshConfig = ALL_DEVICES, **changes) -> TrainConf
     return config.with_data((cache,))
 
 
+def small_dense(*overrides: str) -> TrainConfig:
+    """tiny-dense cut down to seconds a run: 1 layer, the test cache's 512 ids, 4 x 64 tokens a
+    step, a 5-step warmup; `overrides` (key=value) on top."""
+    return apply_overrides(
+        preset("tiny-dense"),
+        [
+            "model.n_layers=1",
+            "model.vocab_size=512",
+            "batch_size=4",
+            "phases.0.seq_len=64",
+            "phases.0.schedule.warmup_steps=5",
+            *overrides,
+        ],
+    )
+
+
 def run(config: TrainConfig, output: Path, devices: int) -> list[dict]:
     """Train in this process on its first `devices` devices; the metrics lines."""
     train(config, str(output), devices=jax.devices()[:devices])

@@ -12,29 +12,24 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from mesh_support import small_dense
 
-from keel.core.config import apply_overrides, dump_config
+from keel.core.config import dump_config
 from keel.telemetry import TelemetryStore
 from keel.train.branch import BranchPoint
-from keel.train.presets import preset
 from keel.train.trainer import train
 
 KEEL = [sys.executable, "-m", "keel"]
 
 
 def tiny(cache: str):
-    config = apply_overrides(
-        preset("tiny-dense"),
-        [
-            "model.n_layers=1",
-            "model.vocab_size=512",
-            "batch_size=4",
-            "phases.0.seq_len=64",
-            "phases.0.schedule.warmup_steps=5",
-        ],
-    )
     config = replace(
-        config, steps=30, eval_every=1000, checkpoint_every=10, keep_checkpoints=1, keep_every=10
+        small_dense(),
+        steps=30,
+        eval_every=1000,
+        checkpoint_every=10,
+        keep_checkpoints=1,
+        keep_every=10,
     )
     return config.with_data((cache,))
 

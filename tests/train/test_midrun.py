@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mesh_support import small_dense
 
 from keel.core.config import apply_overrides
 from keel.core.errors import UsageError
@@ -19,7 +20,6 @@ from keel.train.config import DataSource, Phase
 from keel.train.events import read_events
 from keel.train.loader import MixtureLoader, check_cache, split_windows
 from keel.train.midrun import data_positions
-from keel.train.presets import preset
 from keel.train.trainer import open_run_data, train
 
 
@@ -28,15 +28,7 @@ class Stop(Exception):
 
 
 def tiny(cache: str, steps: int = 20, batch: int = 4):
-    config = apply_overrides(
-        preset("tiny-dense"),
-        [
-            "model.n_layers=1",
-            "model.vocab_size=512",
-            "phases.0.seq_len=64",
-            "phases.0.schedule.warmup_steps=2",
-        ],
-    )
+    config = small_dense("phases.0.schedule.warmup_steps=2")
     config = replace(config, steps=steps, batch_size=batch, eval_every=1000, checkpoint_every=10)
     return config.with_data((cache,))
 

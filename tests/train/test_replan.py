@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mesh_support import small_dense
 
-from keel.core.config import apply_overrides, dump_config
+from keel.core.config import dump_config
 from keel.core.errors import UsageError
 from keel.train.config import TrainConfig
 from keel.train.events import read_events
-from keel.train.presets import preset
 from keel.train.replan import resume_schedule
 from keel.train.schedule import piecewise_lr
 from keel.train.trainer import train
@@ -30,18 +30,10 @@ class Stop(Exception):
 def planned(steps: int) -> TrainConfig:
     """tiny-dense cut down to seconds: 1 layer, 4 x 64 tokens a step, wsd decaying over the
     last half, ending at 5% of the peak."""
-    config = apply_overrides(
-        preset("tiny-dense"),
-        [
-            "model.n_layers=1",
-            "model.vocab_size=512",
-            "batch_size=4",
-            "phases.0.seq_len=64",
-            "phases.0.schedule.warmup_steps=5",
-            "phases.0.schedule.decay_fraction=0.5",
-            f"phases.0.schedule.final_fraction={FINAL}",
-            f"phases.0.schedule.peak_lr={PEAK}",
-        ],
+    config = small_dense(
+        "phases.0.schedule.decay_fraction=0.5",
+        f"phases.0.schedule.final_fraction={FINAL}",
+        f"phases.0.schedule.peak_lr={PEAK}",
     )
     return replace(config, steps=steps, eval_every=1000, eval_batches=1, checkpoint_every=45)
 
