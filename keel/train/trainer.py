@@ -175,7 +175,7 @@ def train(
     )
     peak = (config.peak_flops or device_peak(compute_dtype=_dtype(config))) * layout.mesh.size
     result = TrainResult(output, config.total_steps, resumed_from)
-    telemetry_target = config.telemetry or os.environ.get(TARGET_ENV, "")
+    telemetry_target = _telemetry_target(config)
     if jax.process_count() == 1:  # a gang hears SIGTERM through JAX's preemption service
         install_stop_handler()
     with (
@@ -372,9 +372,14 @@ def _schedule(phases: list[PhasePlan], first_step: int) -> Iterator[tuple[PhaseP
             yield plan, step
 
 
+def _telemetry_target(config: TrainConfig) -> str:
+    """Where the run reports to telemetry: its `telemetry`, else $KEEL_TELEMETRY ("": nowhere)."""
+    return config.telemetry or os.environ.get(TARGET_ENV, "")
+
+
 def _report_event(config: TrainConfig, output: str, event: dict[str, Any]) -> None:
     """`event` as a row of telemetry's train.events, where the run reports to telemetry."""
-    target = config.telemetry or os.environ.get(TARGET_ENV, "")
+    target = _telemetry_target(config)
     if target:
         write_record(target, EVENTS_NAMESPACE, {"run": step_output() or output, **event})
 
