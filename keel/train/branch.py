@@ -21,7 +21,7 @@ from keel.core.errors import UsageError
 from keel.train.checkpoint import CHECKPOINTS_DIR, Checkpoints, TrainState
 from keel.train.config import TrainConfig
 from keel.train.events import read_events
-from keel.train.run_dir import CONFIG_FILE
+from keel.train.run_dir import CONFIG_FILE, RunMirror
 
 BRANCH_EVENT = "branch"
 
@@ -52,11 +52,11 @@ def parent_config(point: BranchPoint, config: TrainConfig) -> TrainConfig:
     if not paths.exists(config_path):
         raise UsageError(f"--from {point}: {point.run} holds no keel run (no {CONFIG_FILE})")
     parent = load_config(config_path, TrainConfig)
-    source = Checkpoints(point.run, every=1, keep=1, read_step=point.step)
+    listing = RunMirror(point.run, CHECKPOINTS_DIR)  # lists, downloads nothing
     try:
-        steps = source.steps()
+        steps = listing.committed_steps()
     finally:
-        source.close()
+        listing.close()
     if point.step not in steps:
         listed = ", ".join(map(str, steps)) or "none"
         raise UsageError(

@@ -88,12 +88,6 @@ class Checkpoints:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    def steps(self) -> list[int]:
-        """The steps checkpointed here, ascending (for a URL: those committed there)."""
-        if self.run.remote:
-            return self.run.committed_steps()
-        return sorted(self.manager.all_steps())
-
     def save(self, state: TrainState, *, force: bool = False) -> bool:
         """Save when the step is on the interval (or `force`); whether it saved."""
         step = int(state.step)
