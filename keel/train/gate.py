@@ -5,7 +5,8 @@ device, nothing allocated), refuses it at once when that estimate is over the li
 the first N steps of the run as configured (its schedule, warmup included) in a temporary run
 directory (removed afterwards; the run's own --output is never touched), and fails on a
 non-finite loss or when the peak memory is over the limit. It reports the median tokens/s over
-steps 2..N (step 1 compiles) and the peak memory: the device's own peak where the platform
+steps 2..N-1 (step 1 compiles; step N's time includes the end of the run, the loop's last
+read-back) and the peak memory: the device's own peak where the platform
 reports one (GPUs), else the process's peak resident memory (CPU).
 """
 
@@ -28,7 +29,7 @@ from keel.train.plan import format_bytes, plan_run
 from keel.train.trainer import train
 
 MIN_STEPS = 3
-"""Step 1 compiles: the median is over steps 2..N."""
+"""Step 1 compiles and step N ends the run: the median is over steps 2..N-1."""
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*", re.IGNORECASE)
@@ -48,7 +49,7 @@ class GateResult:
 
     steps: int
     tokens_per_s: float
-    """Median over steps 2..N."""
+    """Median over steps 2..N-1."""
     peak_bytes: int
     peak_source: str
     """"device" (the accelerator's peak bytes in use) or "process" (peak resident memory)."""
@@ -65,7 +66,7 @@ class GateResult:
         limit = "" if self.memory_limit is None else f", limit {format_bytes(self.memory_limit)}"
         return (
             f"gate passed: {self.steps} steps, median {self.tokens_per_s:,.0f} tokens/s (steps "
-            f"2-{self.steps}), peak memory {format_bytes(self.peak_bytes)} "
+            f"2-{self.steps - 1}), peak memory {format_bytes(self.peak_bytes)} "
             f"({self.peak_source}), XLA estimate {format_bytes(self.estimate_bytes)} per device "
             f"({self.platform}){limit}, loss {self.final_loss:.3f}"
         )
@@ -116,7 +117,7 @@ def run_gate(config: TrainConfig, steps: int, memory_limit: int | None) -> GateR
             f"peak memory {format_bytes(peak)} ({source}) exceeds --memory-limit "
             f"{format_bytes(memory_limit)}"
         )
-    timed = [line["tokens_per_s"] for line in lines if line["step"] >= 2]
+    timed = [line["tokens_per_s"] for line in lines if 2 <= line["step"] < steps]
     return GateResult(
         steps=steps,
         tokens_per_s=statistics.median(timed),
