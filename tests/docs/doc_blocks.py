@@ -62,6 +62,12 @@ def _mark(words: list[str]) -> str | None:
     return marks[0] if len(marks) == 1 else None
 
 
+def _closes(line: str, fence: str) -> bool:
+    """Whether `line` closes a block opened by `fence`: the same character, at least as many."""
+    stripped = line.strip()
+    return len(stripped) >= len(fence) and stripped == fence[0] * len(stripped)
+
+
 def blocks(doc: Path) -> list[Block]:
     """The fenced blocks of one Markdown file, in order."""
     lines = doc.read_text(encoding="utf-8").split("\n")
@@ -69,12 +75,13 @@ def blocks(doc: Path) -> list[Block]:
     index = 0
     while index < len(lines):
         opening = _FENCE.match(lines[index])
-        if opening is None:
+        if opening is None or ("`" in opening["fence"] and "`" in opening["info"]):
+            # CommonMark: a backtick fence's info string holds no backtick (else: inline code)
             index += 1
             continue
         fence, words = opening["fence"], opening["info"].split()
         end = index + 1
-        while end < len(lines) and not lines[end].strip().startswith(fence):
+        while end < len(lines) and not _closes(lines[end], fence):
             end += 1
         body = [line.removeprefix(opening["indent"]) for line in lines[index + 1 : end]]
         language = words[0].lower() if words else ""

@@ -2,7 +2,8 @@
 execute as a user would paste them.
 
 Each doc file's `run` blocks execute in order in one fresh temporary directory (so a later block
-uses an earlier one's files), shell blocks with `bash -euo pipefail`, Python blocks saved to a file
+uses an earlier one's files), shell blocks with `bash -euxo pipefail` (-x: a
+failure's output shows the line that failed), Python blocks saved to a file
 (`# NAME.py` on a block's first line names it, so a later block can run it) and run with this
 venv's python. The environment is a user's: this venv's bin first on PATH, this checkout's keel
 importable, and none of the suite's test-only settings (simulated devices, KEEL_DEVICES).
@@ -29,7 +30,7 @@ import pytest
 from doc_blocks import REPO, Block, blocks, documents
 
 QUICKSTART_PREFIX_ENV = "KEEL_DOCS_QUICKSTART_PREFIX"
-BLOCK_TIMEOUT_S = 240
+BLOCK_TIMEOUT_S = 600  # a cold quickstart (no earlier run to copy) takes 4-6 min
 OUTPUT_TAIL_LINES = 40
 TEST_ONLY_SETTINGS = ("XLA_FLAGS", "KEEL_DEVICES", "PYTEST_CURRENT_TEST")
 
@@ -53,6 +54,7 @@ def test_every_shell_and_python_block_is_marked():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2 * BLOCK_TIMEOUT_S)
 @pytest.mark.parametrize(
     "doc", DOCS_WITH_RUN_BLOCKS, ids=[str(d.relative_to(REPO)) for d in DOCS_WITH_RUN_BLOCKS]
 )
@@ -69,24 +71,22 @@ def test_doc_runs(doc: Path, tmp_path: Path):
                 cwd=tmp_path,
                 env=environment,
                 stdin=subprocess.DEVNULL,
-                capture_output=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,  # one stream, in the order it was written
                 text=True,
                 timeout=BLOCK_TIMEOUT_S,
             )
         except subprocess.TimeoutExpired as timeout:
-            output = (timeout.stdout or b"").decode() + (timeout.stderr or b"").decode()
+            output = (timeout.stdout or b"").decode(errors="replace")
             pytest.fail(f"{block.where}: still running after {BLOCK_TIMEOUT_S} s\n{_tail(output)}")
         if finished.returncode != 0:
-            pytest.fail(
-                f"{block.where}: exit code {finished.returncode}\n"
-                f"{_tail(finished.stdout + finished.stderr)}"
-            )
+            pytest.fail(f"{block.where}: exit code {finished.returncode}\n{_tail(finished.stdout)}")
 
 
 def _command(block: Block, number: int, workdir: Path) -> list[str]:
     """The argv that runs `block` in `workdir` (a Python block is first written to a file)."""
     if block.is_shell:
-        return ["bash", "-euo", "pipefail", "-c", block.text]
+        return ["bash", "-euxo", "pipefail", "-c", block.text]  # -x: the output shows each line
     script = workdir / (block.saved_as or f"block_{number}_line_{block.line}.py")
     script.write_text(block.text, encoding="utf-8")
     return [sys.executable, script.name]
@@ -102,15 +102,16 @@ def _user_environment() -> dict[str, str]:
 
 
 def _copy_quickstart_outputs(workdir: Path) -> None:
-    """Copy the quickstart's committed step outputs (see the module docstring) into
-    workdir/keel-out; copies nothing when no earlier quickstart run is found."""
+    """Copy what an earlier quickstart run left under its prefix (see the module docstring) into
+    workdir/keel-out: its committed step outputs and the telemetry store its training logged to;
+    copies nothing when no earlier run is found."""
     from keel.steps.experiment import load_experiment
     from keel.steps.step import all_steps, output_path
 
     source = Path(os.environ.get(QUICKSTART_PREFIX_ENV) or REPO / "keel-out")
     quickstart = load_experiment(REPO / "keel/experiments/quickstart.py")
-    for step in all_steps(quickstart):
-        output = Path(output_path(str(source), step))
+    outputs = [Path(output_path(str(source), step)) for step in all_steps(quickstart)]
+    for output in [*outputs, source / "telemetry"]:
         if output.is_dir():
             shutil.copytree(output, workdir / "keel-out" / output.name)
 
