@@ -181,7 +181,12 @@ def status_command(
             table.add_row(entry.dir_name, f"[dim]{NOT_RUN}[/]", "-", "-")
             continue
         state = f"[{colors.get(entry.state, 'white')}]{entry.state}[/]"
-        table.add_row(entry.dir_name, state, _age(entry.record.age_seconds()), entry.record.output)
+        table.add_row(
+            entry.dir_name,
+            state,
+            _age(entry.record.age_seconds()),
+            store.output_dir(entry.dir_name),
+        )
     stdout.print(table)
 
 
@@ -201,7 +206,7 @@ def _status_row(entry: StepEntry | Step, store: StepStore) -> dict:
         "hash": entry.record.identity[:8],
         "state": entry.state,
         "age_seconds": round(entry.record.age_seconds(), 3),
-        "output": entry.record.output,
+        "output": store.output_dir(entry.dir_name),
         "error": entry.record.error,
     }
 

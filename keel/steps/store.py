@@ -44,6 +44,11 @@ class StepStore:
     def output(self, step: Step) -> str:
         return output_path(self.prefix, step)
 
+    def output_dir(self, dir_name: str) -> str:
+        """Where the output `dir_name` lives under this prefix now (a record keeps the path it was
+        written at, which differs once the prefix is copied or mounted elsewhere)."""
+        return paths.join(self.prefix, dir_name)
+
     def control(self, dir_name: str) -> str:
         return paths.join(self.prefix, *CONTROL_DIR.split("/"), dir_name)
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -166,3 +167,16 @@ def test_status_lists_steps_with_state_age_and_output(cli):
         assert os.path.isdir(step["output"]) and step["output"].endswith(step["hash"])
     table = cli.run("status", "--prefix", str(cli.prefix))
     assert "SUCCESS" in table.stdout and str(cli.prefix) in table.stdout
+
+
+def test_status_of_a_copied_prefix_names_the_copy_and_it_stays_cached(cli, tmp_path):
+    experiment = cli.experiment()
+    cli.run("run", str(experiment), "--prefix", str(cli.prefix))
+    copy = tmp_path / "moved"
+    shutil.copytree(cli.prefix, copy)
+    steps = json.loads(cli.run("status", "--prefix", str(copy), "--json").stdout)["steps"]
+    assert [step["output"] for step in steps] == [
+        str(copy / s["output"].rsplit("/", 1)[1]) for s in steps
+    ]
+    rerun = json.loads(cli.run("run", str(experiment), "--prefix", str(copy), "--json").stdout)
+    assert rerun["executed"] == []  # the copy is a cache, as when a prefix is shared
