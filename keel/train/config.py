@@ -56,6 +56,21 @@ class Phase:
     """The caches to draw from; empty means the run's `data`."""
     seq_len: int = 256
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    rope_theta: float = 0.0
+    """This phase's RoPE base from its first step on; 0: model.rope_theta."""
+    rope_scaling: Literal["", "none", "linear", "yarn"] = ""
+    """This phase's RoPE scaling (keel/model/rope.py); "": model.rope_scaling."""
+    rope_factor: float = 0.0
+    """This phase's RoPE scaling factor; 0: model.rope_factor."""
+
+    def model_config(self, model: ModelConfig) -> ModelConfig:
+        """`model` with this phase's RoPE settings in place of its own."""
+        changes = {
+            name: getattr(self, name)
+            for name in ("rope_theta", "rope_scaling", "rope_factor")
+            if getattr(self, name)
+        }
+        return replace(model, **changes) if changes else model
 
 
 @dataclass(frozen=True)
@@ -148,6 +163,17 @@ class TrainConfig:
         for phase in self.phases:
             if phase.seq_len < 1 or phase.tokens < 0:
                 raise ConfigError(f"phase {phase.name!r}: seq_len must be >= 1 and tokens >= 0")
+            if phase.rope_theta < 0 or phase.rope_factor < 0:
+                raise ConfigError(
+                    f"phase {phase.name!r}: rope_theta and rope_factor must be > 0 (or 0: the "
+                    "model's)"
+                )
+            model = phase.model_config(self.model)
+            try:
+                model.validate()
+            except ConfigError as error:
+                raise ConfigError(f"phase {phase.name!r}: {error}") from error
+            model.check_rope_length(phase.seq_len, f"phase {phase.name!r}")
             for source in phase.mixture or self.data:
                 if source.weight <= 0:
                     raise ConfigError(f"phase {phase.name!r}: weight of {source.cache} must be > 0")

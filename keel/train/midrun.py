@@ -7,7 +7,9 @@ the new one (docs/training.md, "What may change on resume"):
   setting that changes a parameter's shape (d_model, layers, experts, vocabulary, ...): the
   checkpoint could not be restored into it;
 - allowed: model settings that keep every parameter's shape (capacity factors, z-loss weights,
-  the router's bias rate, the RoPE base, top_k), the schedule and length (re-planned:
+  the router's bias rate, the RoPE base and scaling, top_k), a phase's own RoPE base and scaling
+  (Phase.rope_*, from the phase's first step or the resume step, whichever is later: nothing
+  is stored in a checkpoint for them), the schedule and length (re-planned:
   keel/train/replan.py), phases appended after the resume point (each with its own mixture), and
   the batch size, when `steps` fixes the phases' lengths.
 

@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -170,9 +170,13 @@ def train(
     if primary:
         _truncate_metrics(metrics_path, int(state.step))
 
-    functions = build_step_functions(
-        config, optimizer, learning_rate, jnp.asarray(data.token_bytes), data.eos_id, layout
-    )
+    token_bytes = jnp.asarray(data.token_bytes)
+    phase_functions = {  # one pair per phase model: a phase may set its own RoPE base and scaling
+        model: build_step_functions(
+            replace(config, model=model), optimizer, learning_rate, token_bytes, data.eos_id, layout
+        )
+        for model in {phase.model_config(config.model) for phase in config.phases}
+    }
     peak = (config.peak_flops or device_peak(compute_dtype=_dtype(config))) * layout.mesh.size
     result = TrainResult(output, config.total_steps, resumed_from)
     telemetry_target = _telemetry_target(config)
@@ -199,6 +203,7 @@ def train(
             started = time.perf_counter()
             shape = (config.batch_size, plan.phase.seq_len + 1)
             window = place_batch(layout, partial(plan.loader.batch, step - plan.start), shape)
+            functions = phase_functions[plan.phase.model_config(config.model)]
             state, metrics = dispatch_update(functions.update, state, window)
             if pending is not None:  # step k's metrics, read now that step k + 1 is queued
                 log.write(log.read(pending))
