@@ -201,7 +201,7 @@ def train(
                     f"{checkpoints.directory}; run the same command again to resume from it"
                 )
             started = time.perf_counter()
-            shape = (config.batch_size, plan.phase.seq_len + 1)
+            shape = (plan.loader.batch_size, plan.phase.seq_len + 1)
             window = place_batch(layout, partial(plan.loader.batch, step - plan.start), shape)
             functions = phase_functions[plan.phase.model_config(config.model)]
             state, metrics = dispatch_update(functions.update, state, window)
@@ -289,7 +289,7 @@ class _StepLog:
         seconds = finished - max(self.finished, pending.started)
         self.finished = finished
         seq_len = pending.plan.phase.seq_len
-        tokens = self.config.batch_size * seq_len
+        tokens = pending.plan.loader.batch_size * seq_len
         line: dict[str, Any] = {"step": pending.step, "phase": pending.plan.phase.name}
         for name in ("loss", "cross_entropy", "z_loss", "router_z_loss", "grad_norm", "lr"):
             line[name] = float(metrics[name])
@@ -350,7 +350,7 @@ def open_run_data(
                 _add_eval_set(eval_sets, name, EvalSet(held_out, whole=False))
         loader = MixtureLoader(
             sources,
-            config.batch_size,
+            phase.sequences_per_step(config.batch_size),
             seed=config.seed * 1009 + index,
             position=(positions or {}).get(index, (0, 0)),
         )
