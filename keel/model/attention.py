@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from keel.model.config import ModelConfig
 from keel.model.layers import normal, rms_norm
+from keel.model.rope import apply_rope, rope_tables
 
 
 @jax.tree_util.register_dataclass
@@ -44,28 +45,6 @@ def init_attention(key: jax.Array, config: ModelConfig) -> AttentionParams:
         q_norm=jnp.ones((hd,), jnp.float32),
         k_norm=jnp.ones((hd,), jnp.float32),
     )
-
-
-def rope_tables(seq_len: int, config: ModelConfig) -> tuple[jax.Array, jax.Array]:
-    """cos and sin [seq_len, rotary_dim // 2] (float32) for positions 0..seq_len-1."""
-    half = config.rotary_dim // 2
-    inverse = config.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / max(half, 1))
-    angles = jnp.arange(seq_len, dtype=jnp.float32)[:, None] * inverse[None, :]
-    return jnp.cos(angles), jnp.sin(angles)
-
-
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotate the first 2 * cos.shape[-1] dims of x [batch, seq, heads, head_dim]; the rest pass."""
-    half = cos.shape[-1]
-    if half == 0:
-        return x
-    x32 = x.astype(jnp.float32)
-    first, second, rest = x32[..., :half], x32[..., half : 2 * half], x32[..., 2 * half :]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-    rotated = jnp.concatenate(
-        [first * cos - second * sin, second * cos + first * sin, rest], axis=-1
-    )
-    return rotated.astype(x.dtype)
 
 
 def attention(

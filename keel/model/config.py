@@ -44,6 +44,18 @@ class ModelConfig:
     ffn_dim: int = 768
     """Hidden width of the dense SwiGLU blocks."""
     rope_theta: float = 10_000.0
+    rope_scaling: Literal["none", "linear", "yarn"] = "none"
+    """How RoPE stretches past the trained length (keel/model/rope.py): "linear" (position
+    interpolation: frequencies / rope_factor) or "yarn" (interpolate the slow dimensions only,
+    plus an attention temperature)."""
+    rope_factor: float = 1.0
+    """The context extension factor s (new length / rope_original_len), >= 1."""
+    rope_original_len: int = 0
+    """Tokens per sequence the model was trained at before scaling; YaRN needs it."""
+    yarn_beta_fast: float = 32.0
+    """YaRN: dimensions turning more than this many times over rope_original_len are kept."""
+    yarn_beta_slow: float = 1.0
+    """YaRN: dimensions turning fewer than this many times are interpolated (/ rope_factor)."""
     rotary_fraction: float = 1.0
     """Fraction of each head's dimensions that RoPE rotates (partial RoPE below 1)."""
     qk_norm: bool = True
@@ -106,6 +118,7 @@ class ModelConfig:
             raise ConfigError(
                 f"model.rotary_fraction must be in [0, 1], got {self.rotary_fraction}"
             )
+        self._validate_rope()
         if self.n_routed_experts < 0:
             raise ConfigError(f"model.n_routed_experts must be >= 0, got {self.n_routed_experts}")
         if not self.is_moe:
@@ -137,3 +150,56 @@ class ModelConfig:
         if self.router.bias_rate < 0:
             raise ConfigError(f"model.router.bias_rate must be >= 0, got {self.router.bias_rate}")
         return self
+
+    def _validate_rope(self) -> None:
+        """RoPE base and scaling: a factor that stretches, and the lengths YaRN needs."""
+        if self.rope_theta <= 1.0:
+            raise ConfigError(f"model.rope_theta must be > 1, got {self.rope_theta}")
+        if self.rope_scaling not in ("none", "linear", "yarn"):
+            raise ConfigError(
+                f"model.rope_scaling must be none, linear or yarn, got {self.rope_scaling!r}"
+            )
+        if self.rope_scaling == "none":
+            if self.rope_factor != 1.0:
+                raise ConfigError(
+                    f"model.rope_factor={self.rope_factor} does nothing with model.rope_scaling="
+                    "none: set model.rope_scaling=linear or yarn, or remove it"
+                )
+            return
+        if self.rope_factor < 1.0:
+            raise ConfigError(
+                f"model.rope_factor must be >= 1 (new length / original length), got "
+                f"{self.rope_factor}"
+            )
+        if self.rope_original_len < 0:
+            raise ConfigError(f"model.rope_original_len must be >= 0, got {self.rope_original_len}")
+        if self.rope_scaling == "yarn":
+            if self.rope_original_len < 1:
+                raise ConfigError(
+                    "model.rope_scaling=yarn needs model.rope_original_len: the sequence length "
+                    "(tokens) the model was trained at"
+                )
+            if not 0 < self.yarn_beta_slow < self.yarn_beta_fast:
+                raise ConfigError(
+                    f"model.yarn_beta_slow ({self.yarn_beta_slow}) must be > 0 and below "
+                    f"model.yarn_beta_fast ({self.yarn_beta_fast})"
+                )
+
+    def check_rope_length(self, seq_len: int, where: str) -> None:
+        """Raise ConfigError when this model's RoPE scaling does not fit sequences of `seq_len`
+        tokens: the original length must be below it, and original length x factor reach it."""
+        original = self.rope_original_len
+        if self.rope_scaling == "none" or original == 0:
+            return
+        if original >= seq_len:
+            raise ConfigError(
+                f"{where}: model.rope_original_len ({original}) must be below seq_len "
+                f"({seq_len}): scaling is for sequences longer than the model was trained at; "
+                "use rope_scaling=none at this length"
+            )
+        if original * self.rope_factor < seq_len:
+            raise ConfigError(
+                f"{where}: model.rope_factor {self.rope_factor} x rope_original_len {original} "
+                f"= {original * self.rope_factor:g} tokens is below seq_len ({seq_len}): set "
+                f"rope_factor to at least {seq_len / original:g}"
+            )

@@ -3,7 +3,8 @@
 A phase has a token budget, a data mixture (weights over token caches), a sequence length and a
 segment of the learning-rate schedule; phases run back to back in one continuous run (global
 steps keep counting) or as chained runs (`init_from` another run's checkpoint). Steps per phase =
-tokens // (batch_size * seq_len); `steps` (the CLI's --steps) instead sets the run's total and
+tokens // (batch_size * seq_len), with a phase's batch_tokens // seq_len sequences in place of
+batch_size where it gives batch_tokens; `steps` (the CLI's --steps) instead sets the run's total and
 shares it over the phases in proportion to their budgets.
 
 `--set` overrides reach list items by index (`apply_train_overrides`): `data.0.cache=PATH` on an
@@ -56,6 +57,29 @@ class Phase:
     """The caches to draw from; empty means the run's `data`."""
     seq_len: int = 256
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    rope_theta: float = 0.0
+    """This phase's RoPE base from its first step on; 0: model.rope_theta."""
+    rope_scaling: Literal["", "none", "linear", "yarn"] = ""
+    """This phase's RoPE scaling (keel/model/rope.py); "": model.rope_scaling."""
+    rope_factor: float = 0.0
+    """This phase's RoPE scaling factor; 0: model.rope_factor."""
+    batch_tokens: int = 0
+    """Tokens per step: batch_tokens // seq_len sequences (seq_len must divide it), so a phase
+    that grows seq_len keeps the tokens per step; 0: the run's batch_size sequences."""
+
+    def sequences_per_step(self, batch_size: int) -> int:
+        """Sequences a step of this phase draws: batch_tokens // seq_len, or `batch_size` (the
+        run's) when batch_tokens is 0."""
+        return self.batch_tokens // self.seq_len if self.batch_tokens else batch_size
+
+    def model_config(self, model: ModelConfig) -> ModelConfig:
+        """`model` with this phase's RoPE settings in place of its own."""
+        changes = {
+            name: getattr(self, name)
+            for name in ("rope_theta", "rope_scaling", "rope_factor")
+            if getattr(self, name)
+        }
+        return replace(model, **changes) if changes else model
 
 
 @dataclass(frozen=True)
@@ -148,6 +172,23 @@ class TrainConfig:
         for phase in self.phases:
             if phase.seq_len < 1 or phase.tokens < 0:
                 raise ConfigError(f"phase {phase.name!r}: seq_len must be >= 1 and tokens >= 0")
+            if phase.rope_theta < 0 or phase.rope_factor < 0:
+                raise ConfigError(
+                    f"phase {phase.name!r}: rope_theta and rope_factor must be > 0 (or 0: the "
+                    "model's)"
+                )
+            if phase.batch_tokens < 0 or phase.batch_tokens % phase.seq_len:
+                raise ConfigError(
+                    f"phase {phase.name!r}: batch_tokens ({phase.batch_tokens}) must be a "
+                    f"multiple of seq_len ({phase.seq_len}) (0: batch_size sequences), e.g. "
+                    f"{max(phase.batch_tokens // phase.seq_len, 1) * phase.seq_len}"
+                )
+            model = phase.model_config(self.model)
+            try:
+                model.validate()
+            except ConfigError as error:
+                raise ConfigError(f"phase {phase.name!r}: {error}") from error
+            model.check_rope_length(phase.seq_len, f"phase {phase.name!r}")
             for source in phase.mixture or self.data:
                 if source.weight <= 0:
                     raise ConfigError(f"phase {phase.name!r}: weight of {source.cache} must be > 0")
@@ -184,12 +225,16 @@ class TrainConfig:
             edges = [round(self.steps * sum(budgets[: i + 1]) / total) for i in range(len(budgets))]
             steps = [b - a for a, b in zip([0, *edges], edges, strict=False)]
         else:
-            steps = [p.tokens // (self.batch_size * p.seq_len) for p in self.phases]
+            steps = [
+                p.tokens // (p.sequences_per_step(self.batch_size) * p.seq_len) for p in self.phases
+            ]
         for phase, count in zip(self.phases, steps, strict=True):
             if count < 1:
                 raise ConfigError(
                     f"phase {phase.name!r} gets no steps: give it a token budget of at least "
-                    f"batch_size x seq_len = {self.batch_size * phase.seq_len} tokens, or set steps"
+                    f"batch_size x seq_len = "
+                    f"{phase.sequences_per_step(self.batch_size) * phase.seq_len} tokens, or set "
+                    "steps"
                 )
         return steps
 

@@ -7,9 +7,11 @@ the new one (docs/training.md, "What may change on resume"):
   setting that changes a parameter's shape (d_model, layers, experts, vocabulary, ...): the
   checkpoint could not be restored into it;
 - allowed: model settings that keep every parameter's shape (capacity factors, z-loss weights,
-  the router's bias rate, the RoPE base, top_k), the schedule and length (re-planned:
+  the router's bias rate, the RoPE base and scaling, top_k), a phase's own RoPE base and scaling
+  (Phase.rope_*, from the phase's first step or the resume step, whichever is later: nothing
+  is stored in a checkpoint for them), the schedule and length (re-planned:
   keel/train/replan.py), phases appended after the resume point (each with its own mixture), and
-  the batch size, when `steps` fixes the phases' lengths.
+  the batch size (batch_size, or a phase's batch_tokens), when `steps` fixes the phases' lengths.
 
 The data position is counted once, as sequences drawn per phase: a phase's loader addresses its
 batches from (phase step, sequence) (keel.train.loader.MixtureLoader's `position`), so after a
@@ -61,6 +63,13 @@ def check_resume_changes(previous: TrainConfig, config: TrainConfig, run_dir: st
             f"{run_dir}: batch_size {previous.batch_size} -> {config.batch_size} on resume needs "
             "`steps` set: with token budgets alone the phases' lengths would move under the run"
         )
+    for index, (before, now) in enumerate(zip(previous.phases, config.phases, strict=False)):
+        if before.batch_tokens != now.batch_tokens and not config.steps:
+            raise UsageError(
+                f"{run_dir}: phases.{index}.batch_tokens {before.batch_tokens} -> "
+                f"{now.batch_tokens} on resume needs `steps` set: with token budgets alone the "
+                "phases' lengths would move under the run"
+            )
 
 
 def data_positions(
@@ -72,15 +81,19 @@ def data_positions(
         event["phase"]: (event["phase_step"], event["sequences"])
         for event in read_events(run_dir, BATCH_EVENT)
     }
-    if resumed_from is None or previous is None or previous.batch_size == config.batch_size:
+    if resumed_from is None or previous is None:
         return positions, None
     segments = config.segments()
     phase = next((i for i, segment in enumerate(segments) if resumed_from < segment.end_step), None)
-    if phase is None:  # the run is at its end: nothing is drawn any more
+    if phase is None or phase >= len(previous.phases):  # at its end, or in an appended phase
+        return positions, None
+    before = previous.phases[phase].sequences_per_step(previous.batch_size)
+    after = config.phases[phase].sequences_per_step(config.batch_size)
+    if before == after:
         return positions, None
     step = resumed_from - segments[phase].start_step
     first_step, first_sequence = positions.get(phase, (0, 0))
-    sequences = first_sequence + (step - first_step) * previous.batch_size
+    sequences = first_sequence + (step - first_step) * before
     positions[phase] = (step, sequences)
     event = {
         "event": BATCH_EVENT,
@@ -88,13 +101,13 @@ def data_positions(
         "phase": phase,
         "phase_step": step,
         "sequences": sequences,
-        "from": previous.batch_size,
-        "to": config.batch_size,
+        "from": before,
+        "to": after,
     }
     logger.info(
         "batch size %d -> %d at step %d: phase %d continues at sequence %d",
-        previous.batch_size,
-        config.batch_size,
+        before,
+        after,
         resumed_from,
         phase,
         sequences,

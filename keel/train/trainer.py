@@ -26,7 +26,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -170,9 +170,13 @@ def train(
     if primary:
         _truncate_metrics(metrics_path, int(state.step))
 
-    functions = build_step_functions(
-        config, optimizer, learning_rate, jnp.asarray(data.token_bytes), data.eos_id, layout
-    )
+    token_bytes = jnp.asarray(data.token_bytes)
+    phase_functions = {  # one pair per phase model: a phase may set its own RoPE base and scaling
+        model: build_step_functions(
+            replace(config, model=model), optimizer, learning_rate, token_bytes, data.eos_id, layout
+        )
+        for model in {phase.model_config(config.model) for phase in config.phases}
+    }
     peak = (config.peak_flops or device_peak(compute_dtype=_dtype(config))) * layout.mesh.size
     result = TrainResult(output, config.total_steps, resumed_from)
     telemetry_target = _telemetry_target(config)
@@ -197,8 +201,9 @@ def train(
                     f"{checkpoints.directory}; run the same command again to resume from it"
                 )
             started = time.perf_counter()
-            shape = (config.batch_size, plan.phase.seq_len + 1)
+            shape = (plan.loader.batch_size, plan.phase.seq_len + 1)
             window = place_batch(layout, partial(plan.loader.batch, step - plan.start), shape)
+            functions = phase_functions[plan.phase.model_config(config.model)]
             state, metrics = dispatch_update(functions.update, state, window)
             if pending is not None:  # step k's metrics, read now that step k + 1 is queued
                 log.write(log.read(pending))
@@ -284,7 +289,7 @@ class _StepLog:
         seconds = finished - max(self.finished, pending.started)
         self.finished = finished
         seq_len = pending.plan.phase.seq_len
-        tokens = self.config.batch_size * seq_len
+        tokens = pending.plan.loader.batch_size * seq_len
         line: dict[str, Any] = {"step": pending.step, "phase": pending.plan.phase.name}
         for name in ("loss", "cross_entropy", "z_loss", "router_z_loss", "grad_norm", "lr"):
             line[name] = float(metrics[name])
@@ -345,7 +350,7 @@ def open_run_data(
                 _add_eval_set(eval_sets, name, EvalSet(held_out, whole=False))
         loader = MixtureLoader(
             sources,
-            config.batch_size,
+            phase.sequences_per_step(config.batch_size),
             seed=config.seed * 1009 + index,
             position=(positions or {}).get(index, (0, 0)),
         )
