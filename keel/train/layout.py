@@ -60,12 +60,18 @@ def check_mesh(config: TrainConfig, devices: int) -> tuple[int, int, int]:
             f"mesh.expert ({expert}) must divide model.n_routed_experts ({experts}): every device "
             "of the expert axis holds an equal share of the experts"
         )
-    if config.batch_size % devices:
-        raise ConfigError(
-            f"batch_size ({config.batch_size}) must be a multiple of mesh data x fsdp x expert "
-            f"= {data} x {fsdp} x {expert} = {devices}: each device takes an equal share of the "
-            "sequences"
-        )
+    for phase in config.phases:
+        batch = phase.sequences_per_step(config.batch_size)
+        if batch % devices:
+            given = (
+                f"phase {phase.name!r}'s batch_tokens // seq_len ({batch})"
+                if phase.batch_tokens
+                else f"batch_size ({batch})"
+            )
+            raise ConfigError(
+                f"{given} must be a multiple of mesh data x fsdp x expert = {data} x {fsdp} x "
+                f"{expert} = {devices}: each device takes an equal share of the sequences"
+            )
     return data, fsdp, expert
 
 

@@ -196,6 +196,8 @@ class CompiledStep:
     state: TrainState
     """The TrainState as ShapeDtypeStructs in the layout's shardings."""
     seq_len: int
+    batch: int
+    """Sequences per step of the phase compiled for (the longest one's)."""
     executable: jax.stages.Compiled
     compile_s: float
 
@@ -208,17 +210,20 @@ def plan_run(config: TrainConfig, devices: list | None = None) -> RunPlan:
 
 def compile_step(config: TrainConfig, devices: list | None = None) -> CompiledStep:
     """`jax.jit(update).lower(...).compile()` on ShapeDtypeStructs: nothing is initialised or
-    allocated. The window is [batch, longest phase's seq_len + 1]; token_bytes an abstract
-    [vocab] int32 (only evaluation reads it)."""
+        allocated. The window is the longest phase's: [its sequences per step, its seq_len + 1]
+    (batch_tokens keeps tokens per step level across phases, so the longest phase holds the most
+    activations per sequence); token_bytes an abstract
+        [vocab] int32 (only evaluation reads it)."""
     config = config.validate()
     devices = run_devices(devices)
-    seq_len = max(phase.seq_len for phase in config.phases)
+    longest = max(config.phases, key=lambda phase: phase.seq_len)
+    seq_len, batch = longest.seq_len, longest.sequences_per_step(config.batch_size)
     learning_rate = piecewise_lr(config.segments())
     shapes = param_shapes(config)
     optimizer = build_optimizer(config.optimizer, learning_rate, param_labels(shapes))
     layout = plan_layout(config, optimizer, devices, shapes)
     state = _abstract_state(config, optimizer, layout.state)
-    window_shape = (config.batch_size, seq_len + 1)
+    window_shape = (batch, seq_len + 1)
     window = jax.ShapeDtypeStruct(window_shape, jnp.int32, sharding=layout.batch)
     token_bytes = jax.ShapeDtypeStruct((config.model.vocab_size,), jnp.int32)
     functions = build_step_functions(config, optimizer, learning_rate, token_bytes, 0, layout)
@@ -226,12 +231,13 @@ def compile_step(config: TrainConfig, devices: list | None = None) -> CompiledSt
     executable = functions.update.lower(state, window).compile()
     compile_s = time.perf_counter() - started
     logger.info("compiled the update step for %d devices in %.1f s", len(devices), compile_s)
-    return CompiledStep(config, devices, layout, state, seq_len, executable, compile_s)
+    return CompiledStep(config, devices, layout, state, seq_len, batch, executable, compile_s)
 
 
 def describe(step: CompiledStep) -> RunPlan:
     """The RunPlan of a compiled step: bytes from its shardings and XLA's memory analysis."""
     config, state, seq_len, devices = step.config, step.state, step.seq_len, len(step.devices)
+    batch = step.batch
     platform = step.devices[0].platform
     memory = step.executable.memory_analysis()
     if memory is None:
@@ -245,7 +251,7 @@ def describe(step: CompiledStep) -> RunPlan:
         devices=devices,
         mesh=mesh_sizes,
         platform=platform,
-        batch_size=config.batch_size,
+        batch_size=batch,
         seq_len=seq_len,
         compute_dtype=config.compute_dtype,
         remat=config.remat,
@@ -261,21 +267,21 @@ def describe(step: CompiledStep) -> RunPlan:
         output_bytes=int(memory.output_size_in_bytes),
         alias_bytes=int(memory.alias_size_in_bytes),
         flops_per_token=per_token,
-        flops_per_step_per_device=per_token * config.batch_size * seq_len / devices,
-        alltoall=alltoall_plan(config, seq_len, mesh_sizes, devices),
+        flops_per_step_per_device=per_token * batch * seq_len / devices,
+        alltoall=alltoall_plan(config, batch, seq_len, mesh_sizes, devices),
         compile_s=step.compile_s,
     )
 
 
 def alltoall_plan(
-    config: TrainConfig, seq_len: int, mesh: dict[str, int], devices: int
+    config: TrainConfig, batch: int, seq_len: int, mesh: dict[str, int], devices: int
 ) -> AllToAll | None:
     """The expert exchange's bytes per device and step (see `AllToAll`); None without one."""
     model = config.model
     n = mesh[EXPERT_AXIS]
     if not model.is_moe or n == 1:
         return None
-    tokens = config.batch_size * seq_len // devices
+    tokens = batch * seq_len // devices
     c_send, c_recv = exchange_capacities(
         tokens,
         model.top_k,

@@ -10,6 +10,7 @@ import pytest
 from mesh_support import metrics, small_dense
 
 from keel.core.errors import ConfigError
+from keel.train.layout import check_mesh
 from keel.train.loader import MixtureLoader
 from keel.train.trainer import open_run_data, train
 
@@ -57,3 +58,10 @@ def test_batch_tokens_that_seq_len_does_not_divide_is_a_config_error(wikitext_ca
     bad = replace(config, phases=(config.phases[0], replace(config.phases[1], seq_len=384)))
     with pytest.raises(ConfigError, match=r"batch_tokens \(1024\) must be a multiple of seq_len"):
         bad.validate()
+
+
+def test_a_phase_whose_sequences_do_not_split_over_the_devices_is_named(wikitext_cache):
+    config = growing(wikitext_cache).validate()  # the 512 phase: 2 sequences a step
+    assert check_mesh(config, 2) == (2, 1, 1)
+    with pytest.raises(ConfigError, match=r"phase 'long'.*batch_tokens // seq_len \(2\).* = 4"):
+        check_mesh(config, 4)
