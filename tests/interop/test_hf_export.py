@@ -3,6 +3,8 @@ refusals, and the directory the command writes (the parity tests are test_hf_par
 
 import json
 import struct
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -50,3 +52,21 @@ def test_a_safetensors_file_reads_back(tmp_path):
         assert entry["dtype"] == "F32" and entry["shape"] == list(array.shape)
         read = np.frombuffer(data[8 + length + begin : 8 + length + end], "<f4")
         np.testing.assert_array_equal(read.reshape(array.shape), array)
+
+
+def keel_export(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "keel", "export", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_an_unknown_format_and_a_missing_run_are_one_error_line(tmp_path):
+    unknown = keel_export(str(tmp_path), "--format", "onnx", "--output", str(tmp_path / "out"))
+    assert unknown.returncode == 2
+    errors = [line for line in unknown.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: --format 'onnx': known formats are hf"]
+    missing = keel_export(str(tmp_path / "nope"), "--output", str(tmp_path / "out"))
+    assert missing.returncode == 2
+    expected = f"error: {tmp_path / 'nope'} holds no keel run (no config.yaml)"
+    assert missing.stderr.strip() == expected
+    assert not (tmp_path / "out").exists()
