@@ -57,6 +57,14 @@ COMMANDS: dict[str, LazyCommand] = {
         "train_commands",
         "Train a model; running the same command again resumes from the last checkpoint.",
     ),
+    "sample": LazyCommand(
+        "sample_commands",
+        "Generate text from a trained run's checkpoint (key/value cache; deterministic per seed).",
+    ),
+    "export": LazyCommand(
+        "export_commands",
+        "Export a trained run's checkpoint (hf: safetensors, config.json, tokenizer files).",
+    ),
     "runs": LazyCommand(
         "runs_commands",
         "Commands about existing training runs: where a run branched from (lineage).",
