@@ -20,11 +20,12 @@ import jax.numpy as jnp
 from keel.core.errors import ConfigError
 from keel.model.blockwise import blockwise_attention, reference_attention
 
-BLOCKWISE_FROM_SEQ_LEN = 2048
+BLOCKWISE_FROM_SEQ_LEN = 512
 """`auto` uses blockwise attention from this many tokens per sequence. Measured for tiny-dense
-on this project's 2-core CPU (docs/training.md, "Attention implementations"): below it XLA's
-attention is as fast or faster and its S x S scores are small; from 2K on blockwise is faster
-and its temporaries are a fraction."""
+(batch 1, forward + backward) on this project's 2-core CPU (benchmarks/attention_bench.py): the
+same time at 128 and 256 tokens (0.03 s, 0.07 s), blockwise faster from 512 (0.46 s vs 0.61 s;
+2K: 3.0 s vs 5.1 s) with a fraction of the temporaries. Unmeasured on GPUs, where float32 runs
+take this rule too (bfloat16 ones take cudnn)."""
 
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 

@@ -26,10 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-DEFAULT_BLOCK_SIZE = 512
-"""Positions per query and key block. On this project's 2-core CPU 512 was the fastest of
-128/256/512/1024 for tiny-dense at 2K-16K tokens; a score block of a layer is
-batch x n_heads x 512 x 512 x 4 bytes (4 MiB for batch 1 and 4 heads)."""
+DEFAULT_BLOCK_SIZE = 256
+"""Positions per query and key block. Forward + backward of one tiny-dense layer's attention on
+this project's 2-core CPU (medians of 3, loaded machine): at 2K tokens 0.59 s with 256, 1.0 s
+with 512; at 4K 1.9 s with 256, 2.0 s with 512, 2.2 s with 128. A score block is
+batch x n_heads x 256 x 256 x 4 bytes (1 MiB for batch 1 and 4 heads)."""
 
 _MASKED = -1e30
 """The score of a masked pair: finite, so a row whose block is all masked gives no NaN."""

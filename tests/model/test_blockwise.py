@@ -94,7 +94,8 @@ def test_tiny_dense_trains_at_16k_tokens_per_sequence(tmp_path):
 
 
 def test_auto_chooses_by_platform_length_and_masking():
-    assert choose("auto", 512, jnp.float32, has_segments=False) == "xla"
+    assert choose("auto", 256, jnp.float32, has_segments=False) == "xla"
+    assert choose("auto", 512, jnp.float32, has_segments=False) == "blockwise"
     assert choose("auto", 16384, jnp.float32, has_segments=True) == "blockwise"
     if jax.default_backend() == "gpu":
         assert choose("auto", 512, jnp.bfloat16, has_segments=False) == "cudnn"
