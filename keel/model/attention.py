@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from keel.model.attend import attend
 from keel.model.config import ModelConfig
 from keel.model.layers import normal, rms_norm
 from keel.model.rope import apply_rope, rope_tables
@@ -55,7 +56,7 @@ def attention(
 ) -> jax.Array:
     """Causal self-attention: x [batch, seq, d_model] -> [batch, seq, d_model]. With
     `segment_ids` [batch, seq], a position attends only to earlier positions of its own segment
-    (document)."""
+    (document). `config.attention` picks the implementation (keel.model.attend)."""
     batch, seq, _ = x.shape
     hd = config.head_dim
     q = (x @ params.wq).reshape(batch, seq, config.n_heads, hd)
@@ -66,9 +67,5 @@ def attention(
         k = rms_norm(k, params.k_norm, config.norm_eps)
     cos, sin = rope_tables(seq, config)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    mask = None
-    if segment_ids is not None:
-        same = segment_ids[:, :, None] == segment_ids[:, None, :]
-        mask = same[:, None, :, :]  # [batch, 1, seq_q, seq_k], broadcast over heads
-    out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True)
+    out = attend(q, k, v, segment_ids, config.attention)  # [batch, seq, n_heads, head_dim]
     return out.reshape(batch, seq, config.n_heads * hd) @ params.wo

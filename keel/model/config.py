@@ -7,7 +7,7 @@ load. `validate()` checks the combination before anything is traced or compiled.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args, get_type_hints
 
 from keel.core.errors import ConfigError
 
@@ -40,6 +40,11 @@ class ModelConfig:
     n_layers: int = 4
     n_heads: int = 4
     n_kv_heads: int = 2
+    attention: Literal["auto", "blockwise", "xla", "cudnn"] = "auto"
+    """Attention implementation (keel.model.attend): "xla" forms the S x S scores, "blockwise" an
+    online softmax over key blocks (memory linear in S), "cudnn" the fused kernel on NVIDIA GPUs
+    (16-bit compute, no document masks), "auto" cudnn where it can, else blockwise from 2K tokens
+    per sequence, else xla."""
     head_dim: int = 64
     ffn_dim: int = 768
     """Hidden width of the dense SwiGLU blocks."""
@@ -114,6 +119,7 @@ class ModelConfig:
                 f"model.n_heads ({self.n_heads}) must be a multiple of model.n_kv_heads "
                 f"({self.n_kv_heads}) for grouped-query attention"
             )
+        self._validate_attention()
         if not 0.0 <= self.rotary_fraction <= 1.0:
             raise ConfigError(
                 f"model.rotary_fraction must be in [0, 1], got {self.rotary_fraction}"
@@ -203,3 +209,21 @@ class ModelConfig:
                 f"= {original * self.rope_factor:g} tokens is below seq_len ({seq_len}): set "
                 f"rope_factor to at least {seq_len / original:g}"
             )
+
+    def _validate_attention(self) -> None:
+        """An implementation keel knows, and cudnn only where JAX runs on a GPU (JAX is imported
+        only to check that)."""
+        known = get_args(get_type_hints(ModelConfig)["attention"])
+        if self.attention not in known:
+            raise ConfigError(
+                f"model.attention: unknown implementation {self.attention!r}; known: "
+                f"{', '.join(known)}"
+            )
+        if self.attention == "cudnn":
+            import jax
+
+            if jax.default_backend() != "gpu":
+                raise ConfigError(
+                    f"model.attention=cudnn needs an NVIDIA GPU, but JAX runs on "
+                    f"{jax.default_backend()}; use model.attention=blockwise or auto"
+                )
