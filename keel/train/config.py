@@ -241,17 +241,23 @@ class TrainConfig:
     def segments(self) -> list[Segment]:
         """The schedule segment of each phase, on the global step axis."""
         segments, start = [], 0
-        for index, (phase, count) in enumerate(zip(self.phases, self.phase_steps(), strict=True)):
-            warmup = phase.schedule.warmup_steps
-            if warmup > count:
-                raise ConfigError(
-                    f"phases.{index}.schedule.warmup_steps ({warmup}) exceeds phase "
-                    f"{phase.name!r}'s {count} steps: train longer or lower it, e.g. "
-                    f"--set phases.{index}.schedule.warmup_steps={max(count // 10, 1)}"
-                )
+        for phase, count in zip(self.phases, self.phase_steps(), strict=True):
             segments.append(Segment(start, count, phase.schedule))
             start += count
         return segments
+
+    def warmup_overruns(self) -> list[str]:
+        """One line per phase whose warmup is longer than the phase (a short smoke run of a
+        preset): allowed, the phase ends while its lr still rises and never reaches the peak."""
+        return [
+            f"phases.{index}.schedule.warmup_steps ({phase.schedule.warmup_steps}) is longer than "
+            f"phase {phase.name!r}'s {count} steps: it ends during warmup, below the peak lr "
+            f"(--set phases.{index}.schedule.warmup_steps={max(count // 10, 1)} to warm up in it)"
+            for index, (phase, count) in enumerate(
+                zip(self.phases, self.phase_steps(), strict=True)
+            )
+            if phase.schedule.warmup_steps > count
+        ]
 
     @property
     def total_steps(self) -> int:

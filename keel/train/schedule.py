@@ -67,14 +67,8 @@ class ScheduleConfig:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"schedule.{name} must be in [0, 1], got {value}")
-        if steps is not None:
-            if steps < 1:
-                raise ConfigError(f"a schedule segment needs at least 1 step, got steps={steps}")
-            if self.warmup_steps > steps:
-                raise ConfigError(
-                    f"schedule.warmup_steps ({self.warmup_steps}) exceeds the segment's "
-                    f"{steps} steps; lower warmup_steps or train longer"
-                )
+        if steps is not None and steps < 1:
+            raise ConfigError(f"a schedule segment needs at least 1 step, got steps={steps}")
         return self
 
 

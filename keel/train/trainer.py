@@ -147,6 +147,8 @@ def train(
         data = open_run_data(config, positions)
     learning_rate, replanned = resume_schedule(config, output, previous, resumed_from)
     if primary:
+        for line in config.warmup_overruns():
+            logger.warning("%s", line)
         # Before the config: a kill between them finds the same change again on resume.
         for event in (batch_changed, replanned):
             if event is not None:
