@@ -62,19 +62,25 @@ def exchange_capacities(
     tokens_per_device: int,
     top_k: int,
     n_devices: int,
-    send_capacity: float,
-    receive_capacity: float,
+    send_capacity: float | None,
+    receive_capacity: float | None,
     waves: int = 1,
 ) -> tuple[int, int]:
     """(C_send, C_recv): rows each device may send to each destination, and received rows it
     computes over all waves. C_send = ceil(send_capacity * tokens * k / n) rounded up to a
     multiple of waves, C_recv = ceil(receive_capacity * tokens * k). Both are capped where a
     larger pool could never fill (tokens * k and n * C_send), which changes no drop. Each wave
-    sends C_send / waves rows per destination and computes at most ceil(C_recv / waves)."""
+    sends C_send / waves rows per destination and computes at most ceil(C_recv / waves). A
+    capacity of None is no limit: the pools of the worst case (C_send = tokens * k rounded up,
+    C_recv = n * C_send), which drop nothing."""
     assignments = tokens_per_device * top_k
-    c_send = min(math.ceil(send_capacity * assignments / n_devices), assignments)
+    c_send = assignments
+    if send_capacity is not None:
+        c_send = min(math.ceil(send_capacity * assignments / n_devices), assignments)
     c_send = max(1, math.ceil(c_send / waves)) * waves
-    c_recv = min(math.ceil(receive_capacity * assignments), n_devices * c_send)
+    c_recv = n_devices * c_send
+    if receive_capacity is not None:
+        c_recv = min(math.ceil(receive_capacity * assignments), c_recv)
     return c_send, c_recv
 
 
@@ -116,8 +122,8 @@ def dispatch_expert_parallel(
     experts: ExpertParams,
     fn: ExpertFn,
     *,
-    send_capacity: float,
-    receive_capacity: float,
+    send_capacity: float | None,
+    receive_capacity: float | None,
     waves: int = 1,
     axis_name: str = EXPERT_AXIS,
 ) -> tuple[jax.Array, Drops]:
@@ -130,8 +136,10 @@ def dispatch_expert_parallel(
     one after another (a `jax.lax.scan`): each wave's rows are exchanged, the receiver runs its
     experts on the first ceil(C_recv / waves) valid rows of that wave in (source, slot) order
     (the rest are receive drops), and the results go back and are added into y before the next
-    wave starts, so only one wave's received rows are alive at a time. Dropped assignments
-    contribute zero.
+    wave starts, so only one wave's received rows are alive at a time. With waves > 1 each wave
+    is rematerialised in the backward pass (jax.checkpoint): its exchange and experts run again
+    there rather than every wave's activations being kept, which is what makes the saving hold
+    for training too. Dropped assignments contribute zero.
     """
     n = jax.lax.axis_size(axis_name)
     n_local = _n_experts(experts)
@@ -178,7 +186,7 @@ def dispatch_expert_parallel(
     if waves == 1:
         y, recv_dropped = wave(y0, wave_sources[0])
     else:
-        y, recv_dropped = jax.lax.scan(wave, y0, wave_sources)
+        y, recv_dropped = jax.lax.scan(jax.checkpoint(wave), y0, wave_sources)
     send_dropped = jnp.sum(slot == n * c_send)
     drops = Drops(
         send=jax.lax.psum(send_dropped.astype(jnp.float32), axis_name),

@@ -117,8 +117,8 @@ def _expert_parallel_dispatch(config: ModelConfig, n: int) -> Callable:
     worst = config.dropless == "pools"
     return partial(
         dispatch_expert_parallel,
-        send_capacity=float(n) if worst else config.send_capacity,
-        receive_capacity=float(n) if worst else config.receive_capacity,
+        send_capacity=None if worst else config.send_capacity,
+        receive_capacity=None if worst else config.receive_capacity,
         waves=config.dispatch_waves,
         axis_name=EXPERT_AXIS,
     )
