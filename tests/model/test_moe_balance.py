@@ -61,6 +61,8 @@ def test_a_rule_registered_here_trains_under_expert_parallelism(wikitext_cache, 
     rows = run(config, tmp_path / "run", 4)
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
     assert all(np.isfinite(row["loss"]) for row in rows)
+    # Send and receive drops are logged apart (tiny_moe's capacities drop nothing).
+    assert all(row["drop_rate_send"] == row["drop_rate_recv"] == 0.0 for row in rows)
     # Step 1 logs the initial zero bias; the rule has moved it by step 2.
     assert max(rows[0]["router"]["bias_std"]) == 0.0
     assert min(rows[1]["router"]["bias_std"]) > 0.0
