@@ -18,10 +18,11 @@ class RouterConfig:
 
     score: Literal["softmax", "sigmoid"] = "softmax"
     """Scores from router logits: softmax over experts, or an independent sigmoid per expert."""
-    balance: Literal["sign", "quantile", "none"] = "sign"
-    """Per-expert bias update each step: "sign" (DeepSeek-V3: b += rate * sign(mean - load)),
-    "quantile" (b moves toward the bias that would give each expert tokens * top_k / experts
-    selections, read off per-expert score quantiles), or "none"."""
+    balance: str = "sign"
+    """The balancing rule (keel/model/balance.py's registry) that moves the per-expert bias each
+    step: "sign" (DeepSeek-V3: b += rate * sign(mean - load)), "quantile" (b moves toward the
+    bias that would give each expert tokens * top_k / experts selections, read off per-expert
+    score quantiles), "none", or any rule registered with register_balance_rule."""
     bias_rate: float = 1e-3
     """Step size of the bias update (score units per step)."""
     normalize_gates: bool = True
@@ -79,7 +80,13 @@ class ModelConfig:
     receive_capacity: float = 1.15
     """Expert parallel: rows a device computes, as a factor of tokens_per_device * top_k."""
     dispatch_waves: int = 1
-    """Expert parallel: the exchange split into this many all-to-alls of equal size."""
+    """Expert parallel: the exchange split into this many all-to-alls of equal size, one after
+    another; the receiver runs its experts per wave, so only one wave's rows are alive."""
+    dropless: Literal["off", "pools", "ragged"] = "off"
+    """Expert parallel without capacity drops: "pools" sizes the send and receive pools to the
+    worst case (every assignment to one device; runs everywhere, ~N x the memory of capacity
+    1.0), "ragged" exchanges exactly the routed rows with jax.lax.ragged_all_to_all (GPU and
+    TPU only; XLA:CPU does not implement it). "off": send_capacity and receive_capacity apply."""
     latent_dim: int = 0
     """When > 0, tokens are projected to this width before the exchange and experts work there."""
     grouped_matmul: Literal["auto", "ragged", "blocks"] = "auto"
@@ -153,6 +160,13 @@ class ModelConfig:
                 "model.send_capacity and model.receive_capacity must be > 0 and "
                 "model.dispatch_waves >= 1"
             )
+        if self.dropless not in ("off", "pools", "ragged"):
+            raise ConfigError(
+                f"model.dropless must be 'off', 'pools' or 'ragged', got {self.dropless!r}"
+            )
+        from keel.model.balance import balance_rule  # the registry imports jax
+
+        balance_rule(self.router.balance)
         if self.router.bias_rate < 0:
             raise ConfigError(f"model.router.bias_rate must be >= 0, got {self.router.bias_rate}")
         return self

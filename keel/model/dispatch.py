@@ -1,5 +1,5 @@
 """Moving tokens to their experts and back: dropless on one device, fixed-capacity all-to-all
-across the EXPERT_AXIS devices.
+in waves across the EXPERT_AXIS devices, or ragged all-to-all (dropless, GPU/TPU).
 
 An assignment is one (token, k-slot) pair; there are tokens * top_k of them, taken in
 (token, slot) order. `fn(experts, rows, group_sizes)` runs the experts on rows [m, d_in] sorted
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import jax
@@ -61,32 +62,58 @@ def exchange_capacities(
     tokens_per_device: int,
     top_k: int,
     n_devices: int,
-    send_capacity: float,
-    receive_capacity: float,
+    send_capacity: float | None,
+    receive_capacity: float | None,
     waves: int = 1,
 ) -> tuple[int, int]:
     """(C_send, C_recv): rows each device may send to each destination, and received rows it
-    computes. C_send = ceil(send_capacity * tokens * k / n) rounded up to a multiple of waves,
-    C_recv = ceil(receive_capacity * tokens * k). Both are capped where a larger pool could
-    never fill (tokens * k and n * C_send), which changes no drop."""
+    computes over all waves. C_send = ceil(send_capacity * tokens * k / n) rounded up to a
+    multiple of waves, C_recv = ceil(receive_capacity * tokens * k). Both are capped where a
+    larger pool could never fill (tokens * k and n * C_send), which changes no drop. Each wave
+    sends C_send / waves rows per destination and computes at most ceil(C_recv / waves). A
+    capacity of None is no limit: the pools of the worst case (C_send = tokens * k rounded up,
+    C_recv = n * C_send), which drop nothing."""
     assignments = tokens_per_device * top_k
-    c_send = min(math.ceil(send_capacity * assignments / n_devices), assignments)
+    c_send = assignments
+    if send_capacity is not None:
+        c_send = min(math.ceil(send_capacity * assignments / n_devices), assignments)
     c_send = max(1, math.ceil(c_send / waves)) * waves
-    c_recv = min(math.ceil(receive_capacity * assignments), n_devices * c_send)
+    c_recv = n_devices * c_send
+    if receive_capacity is not None:
+        c_recv = min(math.ceil(receive_capacity * assignments), c_recv)
     return c_send, c_recv
 
 
-def _exchange(buffer: jax.Array, axis_name: str, waves: int) -> jax.Array:
-    """[n, C, ...] with row block i bound for device i -> [n, C, ...] with block s from device
-    s; one all-to-all per wave over equal slices of C."""
-    per_wave = buffer.shape[1] // waves
-    parts = [
-        jax.lax.all_to_all(
-            buffer[:, w * per_wave : (w + 1) * per_wave], axis_name, 0, 0, tiled=False
-        )
-        for w in range(waves)
-    ]
-    return parts[0] if waves == 1 else jnp.concatenate(parts, axis=1)
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Drops:
+    """Assignments the expert-parallel exchange dropped, summed over the expert group."""
+
+    send: jax.Array
+    """[] float32: past their destination's C_send slots on the sending device."""
+    receive: jax.Array
+    """[] float32: sent, but past the receiver's per-wave C_recv / waves rows."""
+
+
+def _send_slots(dest: jax.Array, n: int, c_send: int) -> tuple[jax.Array, jax.Array]:
+    """dest [A] destination device per assignment -> (slot [A] int32 in [0, n * c_send], the
+    assignment's row in the send pool or n * c_send when dropped; source [n * c_send] int32,
+    the assignment in each slot or A when empty). Per destination the first c_send assignments
+    in (token, slot) order are sent."""
+    assignments = dest.shape[0]
+    pool = n * c_send
+    by_dest = jnp.argsort(dest, stable=True)
+    counts = _group_sizes(dest, n)
+    starts = jnp.cumsum(counts) - counts
+    rank_sorted = jnp.arange(assignments, dtype=jnp.int32) - starts[dest[by_dest]]
+    pos = jnp.zeros((assignments,), jnp.int32).at[by_dest].set(rank_sorted)
+    slot = jnp.where(pos < c_send, dest * c_send + pos, pool)
+    source = (
+        jnp.full((pool,), assignments, jnp.int32)
+        .at[slot]
+        .set(jnp.arange(assignments, dtype=jnp.int32), mode="drop")
+    )
+    return slot, source
 
 
 def dispatch_expert_parallel(
@@ -95,68 +122,125 @@ def dispatch_expert_parallel(
     experts: ExpertParams,
     fn: ExpertFn,
     *,
-    send_capacity: float,
-    receive_capacity: float,
+    send_capacity: float | None,
+    receive_capacity: float | None,
     waves: int = 1,
     axis_name: str = EXPERT_AXIS,
-) -> tuple[jax.Array, jax.Array]:
+) -> tuple[jax.Array, Drops]:
     """Inside shard_map over `axis_name` (n devices): x [T_local, d_in] this device's tokens,
     routing with global expert ids, experts this device's E/n experts (device i holds experts
-    i*E/n ... (i+1)*E/n - 1). Returns (y [T_local, d_out] in x's dtype, dropped [] float32, the
-    assignments dropped over all devices).
+    i*E/n ... (i+1)*E/n - 1). Returns (y [T_local, d_out] in x's dtype, Drops over all devices).
 
     Send: per destination, the first C_send assignments in (token, slot) order go; the rest are
-    dropped. Receive: the first C_recv valid rows in (source, slot) order are computed; the rest
-    are dropped and reported back with the results. Dropped assignments contribute zero.
+    dropped. The pools travel in `waves` equal slices of C_send / waves rows per destination,
+    one after another (a `jax.lax.scan`): each wave's rows are exchanged, the receiver runs its
+    experts on the first ceil(C_recv / waves) valid rows of that wave in (source, slot) order
+    (the rest are receive drops), and the results go back and are added into y before the next
+    wave starts, so only one wave's received rows are alive at a time. With waves > 1 each wave
+    is rematerialised in the backward pass (jax.checkpoint): its exchange and experts run again
+    there rather than every wave's activations being kept, which is what makes the saving hold
+    for training too. Dropped assignments contribute zero.
     """
     n = jax.lax.axis_size(axis_name)
     n_local = _n_experts(experts)
     tokens, k = routing.experts.shape
     assignments = tokens * k
     c_send, c_recv = exchange_capacities(tokens, k, n, send_capacity, receive_capacity, waves)
-    pool = n * c_send
-
-    # Send side: each assignment's place in its destination's pool.
+    per_wave = c_send // waves
+    recv_per_wave = -(-c_recv // waves)
     flat = routing.experts.reshape(-1)
-    dest, local_id = flat // n_local, flat % n_local
-    by_dest = jnp.argsort(dest, stable=True)
-    counts = _group_sizes(dest, n)
-    starts = jnp.cumsum(counts) - counts
-    rank_sorted = jnp.arange(assignments, dtype=jnp.int32) - starts[dest[by_dest]]
-    pos = jnp.zeros((assignments,), jnp.int32).at[by_dest].set(rank_sorted)
-    sent = pos < c_send
-    slot = jnp.where(sent, dest * c_send + pos, pool)
-    source = (
-        jnp.full((pool,), assignments, jnp.int32)
-        .at[slot]
-        .set(jnp.arange(assignments, dtype=jnp.int32), mode="drop")
+    slot, source = _send_slots(flat // n_local, n, c_send)
+    local_id = flat % n_local
+    gates = routing.gates.reshape(-1)
+    # [waves, n, per_wave]: wave w carries slots w * per_wave ... of every destination's pool.
+    wave_sources = source.reshape(n, waves, per_wave).transpose(1, 0, 2)
+
+    def wave(y: jax.Array, sources: jax.Array) -> tuple[jax.Array, jax.Array]:
+        occupied = sources < assignments
+        safe = jnp.minimum(sources, assignments - 1)
+        rows = jnp.where(occupied[..., None], x[safe // k], 0)
+        ids = jnp.where(occupied, local_id[safe], -1)
+        recv_rows = jax.lax.all_to_all(rows, axis_name, 0, 0).reshape(n * per_wave, -1)
+        recv_ids = jax.lax.all_to_all(ids, axis_name, 0, 0).reshape(n * per_wave)
+
+        valid = recv_ids >= 0
+        kept = valid & (jnp.cumsum(valid) <= recv_per_wave)
+        group = jnp.where(kept, recv_ids, n_local)
+        order = jnp.argsort(group, stable=True)[:recv_per_wave]
+        out = fn(experts, recv_rows[order], _group_sizes(group, n_local))
+        out = jnp.where(kept[order][:, None], out, 0)
+        results = jnp.zeros((n * per_wave, out.shape[-1]), out.dtype).at[order].set(out)
+
+        back = jax.lax.all_to_all(results.reshape(n, per_wave, -1), axis_name, 0, 0)
+        back_kept = jax.lax.all_to_all(kept.reshape(n, per_wave), axis_name, 0, 0)
+        delivered = occupied & back_kept
+        weighted = back.astype(jnp.float32) * jnp.where(delivered, gates[safe], 0.0)[..., None]
+        y = y.at[jnp.where(delivered, safe // k, tokens)].add(weighted, mode="drop")
+        return y, jnp.sum(occupied & ~back_kept)
+
+    d_out = jax.eval_shape(
+        lambda: fn(experts, jnp.zeros((1, x.shape[-1]), x.dtype), jnp.zeros((n_local,), jnp.int32))
+    ).shape[-1]
+    # zeros_like: the carry varies over the mesh axes x varies over (shard_map's type check).
+    y0 = jnp.zeros_like(x, jnp.float32, shape=(tokens, d_out))
+    if waves == 1:
+        y, recv_dropped = wave(y0, wave_sources[0])
+    else:
+        y, recv_dropped = jax.lax.scan(jax.checkpoint(wave), y0, wave_sources)
+    send_dropped = jnp.sum(slot == n * c_send)
+    drops = Drops(
+        send=jax.lax.psum(send_dropped.astype(jnp.float32), axis_name),
+        receive=jax.lax.psum(jnp.sum(recv_dropped).astype(jnp.float32), axis_name),
     )
-    occupied = source < assignments
-    source = jnp.minimum(source, assignments - 1)
-    send_rows = jnp.where(occupied[:, None], x[source // k], 0)
-    send_ids = jnp.where(occupied, local_id[source], -1)
+    return y.astype(x.dtype), drops
 
-    recv_rows = _exchange(send_rows.reshape(n, c_send, -1), axis_name, waves).reshape(pool, -1)
-    recv_ids = _exchange(send_ids.reshape(n, c_send), axis_name, waves).reshape(pool)
 
-    # Receive side: keep the first c_recv valid rows, sorted by local expert.
-    valid = recv_ids >= 0
-    kept = valid & (jnp.cumsum(valid) <= c_recv)
-    group = jnp.where(kept, recv_ids, n_local)
-    order = jnp.argsort(group, stable=True)[:c_recv]
-    out = fn(experts, recv_rows[order], _group_sizes(group, n_local))
-    out = jnp.where(kept[order][:, None], out, 0)
-    results = jnp.zeros((pool, out.shape[-1]), out.dtype).at[order].set(out)
+def dispatch_ragged(
+    x: jax.Array,
+    routing: Routing,
+    experts: ExpertParams,
+    fn: ExpertFn,
+    *,
+    axis_name: str = EXPERT_AXIS,
+) -> tuple[jax.Array, Drops]:
+    """Dropless expert parallel with `jax.lax.ragged_all_to_all` (GPU and TPU; XLA:CPU does not
+    implement it): exactly the routed rows travel, sorted by destination, into a receive buffer
+    of the worst case's n * T_local * k rows. Same contract as dispatch_expert_parallel; the
+    Drops are zeros."""
+    n = jax.lax.axis_size(axis_name)
+    n_local = _n_experts(experts)
+    tokens, k = routing.experts.shape
+    assignments = tokens * k
+    flat = routing.experts.reshape(-1)
+    dest = flat // n_local
+    by_dest = jnp.argsort(dest, stable=True)
+    send_sizes = _group_sizes(dest, n)
+    send_offsets = jnp.cumsum(send_sizes) - send_sizes
+    recv_sizes = jax.lax.all_to_all(send_sizes, axis_name, 0, 0, tiled=True)
+    recv_offsets = jnp.cumsum(recv_sizes) - recv_sizes
+    # Where this device's slice lands on each receiver, and where each source wants its results.
+    remote_recv_offsets = jax.lax.all_to_all(recv_offsets, axis_name, 0, 0, tiled=True)
+    remote_send_offsets = jax.lax.all_to_all(send_offsets, axis_name, 0, 0, tiled=True)
 
-    back = _exchange(results.reshape(n, c_send, -1), axis_name, waves).reshape(pool, -1)
-    back_kept = _exchange(kept.astype(jnp.int32).reshape(n, c_send), axis_name, waves)
+    def there(operand: jax.Array, output: jax.Array) -> jax.Array:
+        return jax.lax.ragged_all_to_all(
+            operand, output, send_offsets, send_sizes, remote_recv_offsets, recv_sizes,
+            axis_name=axis_name,
+        )  # fmt: skip
 
-    # Combine: each assignment reads its slot's result if it was sent and computed.
-    place = jnp.minimum(slot, pool - 1)
-    delivered = sent & (back_kept.reshape(pool)[place] > 0)
-    per_assignment = jnp.where(delivered[:, None], back[place], 0)
-    dropped = jax.lax.psum(jnp.sum(~delivered).astype(jnp.float32), axis_name)
-    return _combine(per_assignment, routing.gates, x.dtype), dropped
+    worst = n * assignments
+    recv_rows = there(x[by_dest // k], jnp.zeros((worst, x.shape[-1]), x.dtype))
+    recv_ids = there((flat % n_local)[by_dest], jnp.full((worst,), n_local, flat.dtype))
+    order = jnp.argsort(recv_ids, stable=True)
+    out = fn(experts, recv_rows[order], _group_sizes(recv_ids, n_local))
+    results = jnp.zeros_like(out).at[order].set(out)
+    back = jax.lax.ragged_all_to_all(
+        results, jnp.zeros((assignments, out.shape[-1]), out.dtype),
+        recv_offsets, recv_sizes, remote_send_offsets, send_sizes, axis_name=axis_name,
+    )  # fmt: skip
+    per_assignment = jnp.zeros_like(back).at[by_dest].set(back)
+    none = jnp.zeros((), jnp.float32)
+    return _combine(per_assignment, routing.gates, x.dtype), Drops(send=none, receive=none)
 
 
 def check_expert_parallel(n_experts: int, tokens: int, n_expert: int, n_devices: int) -> None:

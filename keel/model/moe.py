@@ -17,12 +17,15 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from keel.core.errors import ConfigError
+from keel.model.balance import balance_rule
 from keel.model.config import ModelConfig
 from keel.model.dispatch import (
+    Drops,
     ExpertFn,
     check_expert_parallel,
     dispatch_dropless,
     dispatch_expert_parallel,
+    dispatch_ragged,
 )
 from keel.model.grouped import expert_swiglu_for
 from keel.model.layers import MlpParams, init_mlp, normal, swiglu
@@ -105,9 +108,25 @@ def _dropless(
     return dispatch_dropless(x, routing, experts, fn), None
 
 
+def _expert_parallel_dispatch(config: ModelConfig, n: int) -> Callable:
+    """The dispatch over n > 1 expert devices that config.dropless names: fixed pools at the
+    configured capacities ("off"), pools no routing can overflow ("pools": C_send = tokens * k,
+    C_recv = n * C_send), or ragged_all_to_all ("ragged"; moe_forward refuses it on CPU)."""
+    if config.dropless == "ragged":
+        return partial(dispatch_ragged, axis_name=EXPERT_AXIS)
+    worst = config.dropless == "pools"
+    return partial(
+        dispatch_expert_parallel,
+        send_capacity=None if worst else config.send_capacity,
+        receive_capacity=None if worst else config.receive_capacity,
+        waves=config.dispatch_waves,
+        axis_name=EXPERT_AXIS,
+    )
+
+
 def _block(
     params: MoeParams, x: jax.Array, bias: jax.Array, config: ModelConfig, dispatch: Callable
-) -> tuple[jax.Array, Routing, jax.Array | None]:
+) -> tuple[jax.Array, Routing, Drops | None]:
     """Route, dispatch, combine and add shared experts on this device's tokens."""
     routing = route(x, params.router, bias, config.router, config.top_k)
     h = x if params.latent_down is None else x @ params.latent_down.astype(x.dtype)
@@ -127,11 +146,18 @@ def moe_forward(
     Without a mesh (or on a one-device mesh) nothing is dropped. On a bigger mesh the tokens are
     split over every axis (sharding.BATCH_SPEC; y keeps that sharding) and each device routes its
     own; with one device on EXPERT_AXIS each then runs dropless, otherwise the experts are split
-    along E over EXPERT_AXIS and reached by all-to-all inside each expert group, and capacity drops
-    are counted in stats.dropped. Parameters enter replicated but for the experts (XLA gathers
-    fsdp-sharded ones). stats.bias_target is the mean over devices of each device's target.
+    along E over EXPERT_AXIS and reached by all-to-all inside each expert group (config.dropless,
+    dispatch_waves), and capacity drops are counted in stats.dropped (stats.dropped_recv: those
+    the receivers dropped). Parameters enter replicated but for the experts (XLA gathers
+    fsdp-sharded ones). stats.bias_target is the balancing rule's statistic, reduced over
+    devices by the rule.
     """
     n_experts = params.router.shape[-1]
+    if config.dropless == "ragged" and jax.default_backend() == "cpu":
+        raise ConfigError(
+            "model.dropless: ragged needs jax.lax.ragged_all_to_all, which XLA:CPU does not "
+            "implement; use model.dropless: pools on CPU"
+        )
     if mesh is None or mesh.size == 1:
         y, routing, _ = _block(params, x, bias, config, _dropless)
         return y, routing_stats(routing, n_experts)
@@ -143,29 +169,23 @@ def moe_forward(
         )
     n = mesh.shape[EXPERT_AXIS]
     check_expert_parallel(n_experts, x.shape[0], n, mesh.size)
-    dispatch: Callable = _dropless
-    if n > 1:
-        dispatch = partial(
-            dispatch_expert_parallel,
-            send_capacity=config.send_capacity,
-            receive_capacity=config.receive_capacity,
-            waves=config.dispatch_waves,
-            axis_name=EXPERT_AXIS,
-        )
+    dispatch = _expert_parallel_dispatch(config, n) if n > 1 else _dropless
+    rule = balance_rule(config.router.balance)
 
     def local(params: MoeParams, x: jax.Array, bias: jax.Array) -> tuple[jax.Array, RouterStats]:
-        y, routing, dropped = _block(params, x, bias, config, dispatch)
+        y, routing, drops = _block(params, x, bias, config, dispatch)
         own = routing_stats(routing, n_experts)
-        if dropped is None:
-            dropped = jnp.zeros((), jnp.float32)
-        else:  # already summed over the expert group
-            dropped = jax.lax.psum(dropped, (DATA_AXIS, FSDP_AXIS))
+        dropped, dropped_recv = jnp.zeros((), jnp.float32), None
+        if drops is not None:  # already summed over the expert group
+            dropped_recv = jax.lax.psum(drops.receive, (DATA_AXIS, FSDP_AXIS))
+            dropped = jax.lax.psum(drops.send, (DATA_AXIS, FSDP_AXIS)) + dropped_recv
         stats = RouterStats(
             load=jax.lax.psum(own.load, MESH_AXES),
             dropped=dropped,
             assignments=jax.lax.psum(own.assignments, MESH_AXES),
             z_loss=jax.lax.pmean(own.z_loss, MESH_AXES),
-            bias_target=jax.lax.pmean(own.bias_target, MESH_AXES),
+            bias_target=rule.reduce(own.bias_target, MESH_AXES),
+            dropped_recv=dropped_recv,
         )
         return y, stats
 

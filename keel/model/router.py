@@ -14,13 +14,8 @@ import jax.numpy as jnp
 from jax.scipy.special import xlogy
 
 from keel.core.errors import ConfigError
+from keel.model.balance import balance_rule
 from keel.model.config import RouterConfig
-
-QUANTILE_RATE_SCALE = 100.0
-"""The "quantile" rule moves the bias a fraction min(1, QUANTILE_RATE_SCALE * bias_rate) of the
-way to its target each update: 0.1 at the default bias_rate 1e-3, so the error shrinks ~10x in
-about 25 updates. The "sign" rule moves at most bias_rate per update, which closes a score gap
-of 0.3 in ~150 updates; both balance a strongly skewed router within a few hundred updates."""
 
 
 @jax.tree_util.register_dataclass
@@ -35,7 +30,8 @@ class Routing:
     z_loss: jax.Array
     """[] float32 mean over tokens of logsumexp(logits)^2 (unweighted)."""
     bias_target: jax.Array
-    """[experts] float32: the "quantile" rule's target bias from these tokens (zeros otherwise)."""
+    """The balancing rule's statistic from these tokens (balance.py; the "quantile" rule's
+    target bias [experts], zeros [experts] for "sign" and "none")."""
 
 
 @jax.tree_util.register_dataclass
@@ -46,13 +42,16 @@ class RouterStats:
     load: jax.Array
     """[experts] float32 selections per expert, before any capacity drop."""
     dropped: jax.Array
-    """[] float32 assignments dropped by capacity (they contribute zero)."""
+    """[] float32 assignments dropped by capacity (they contribute zero), send and receive."""
     assignments: jax.Array
     """[] float32 tokens * top_k."""
     z_loss: jax.Array
     """[] float32 router z-loss (unweighted; the caller multiplies by z_loss_weight)."""
     bias_target: jax.Array
-    """[experts] float32 the "quantile" rule's target bias (zeros when unused)."""
+    """The balancing rule's statistic reduced over devices (see Routing.bias_target)."""
+    dropped_recv: jax.Array | None = None
+    """[] float32 the part of `dropped` that receivers dropped (None: nothing exchanged); the
+    rest was dropped by senders."""
 
 
 def route(
@@ -80,10 +79,8 @@ def route(
     if config.normalize_gates:
         gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
     z_loss = jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-    if config.balance == "quantile" and top_k < n_experts:
-        bias_target = quantile_bias_target(jax.lax.stop_gradient(scores), bias, top_k)
-    else:
-        bias_target = jnp.zeros((n_experts,), jnp.float32)
+    rule = balance_rule(config.balance)
+    bias_target = rule.observe(jax.lax.stop_gradient(scores), bias.astype(jnp.float32), top_k)
     return Routing(
         experts=experts.astype(jnp.int32), gates=gates, z_loss=z_loss, bias_target=bias_target
     )
@@ -102,56 +99,33 @@ def routing_stats(routing: Routing, n_experts: int) -> RouterStats:
     )
 
 
-def quantile_bias_target(scores: jax.Array, bias: jax.Array, top_k: int) -> jax.Array:
-    """[tokens, experts] unbiased scores -> [experts]: for each expert e, the bias that would
-    give it exactly tokens * top_k / experts selections with the other experts' biases fixed.
-
-    Expert e is selected for token t iff m_te + b_e > 0, where the margin m_te = s_te minus the
-    top_k-th largest biased score among the other experts; so b*_e = -quantile(m_.e, 1 - k/E).
-    """
-    n_experts = scores.shape[-1]
-    biased = scores + bias.astype(jnp.float32)
-    top, top_ids = jax.lax.top_k(biased, top_k + 1)
-    kth, next_after = top[:, top_k - 1 : top_k], top[:, top_k : top_k + 1]
-    # An expert inside the biased top-k sees the (k+1)-th value as its k-th best rival.
-    selected = jnp.any(top_ids[:, :top_k, None] == jnp.arange(n_experts), axis=1)
-    threshold = jnp.where(selected, next_after, kth)
-    margins = scores - threshold
-    return -jnp.quantile(margins, 1.0 - top_k / n_experts, axis=0)
-
-
 def update_bias(bias: jax.Array, stats: RouterStats, config: RouterConfig) -> jax.Array:
-    """One balancing step on bias [experts], returned centred (top-k ignores a common shift).
-
-    "sign": bias + bias_rate * sign(mean(load) - load) (DeepSeek-V3). "quantile": bias moves
-    min(1, QUANTILE_RATE_SCALE * bias_rate) of the way to stats.bias_target. "none": unchanged.
-    """
+    """One balancing step on bias [experts] by the rule model.router.balance names (balance.py),
+    returned centred (top-k ignores a common shift); "none" leaves it unchanged."""
     if config.balance == "none":
         return bias
-    if config.balance == "sign":
-        load = stats.load.astype(jnp.float32)
-        new = bias + config.bias_rate * jnp.sign(jnp.mean(load) - load)
-    elif config.balance == "quantile":
-        rate = min(1.0, QUANTILE_RATE_SCALE * config.bias_rate)
-        new = bias + rate * (stats.bias_target - bias)
-    else:
-        raise ConfigError(
-            f"model.router.balance must be 'sign', 'quantile' or 'none', got {config.balance!r}"
-        )
+    rule = balance_rule(config.balance)
+    new = rule.update(bias.astype(jnp.float32), stats.load, stats.bias_target, config)
     return (new - jnp.mean(new)).astype(bias.dtype)
 
 
 def router_metrics(stats: RouterStats, bias: jax.Array) -> dict[str, jax.Array]:
     """Scalars for one layer (plus "load", the [experts] histogram): how even the load is, how
-    much capacity dropped, and where the bias sits."""
+    much capacity dropped (in all, by senders, by receivers), and where the bias sits."""
     load = stats.load.astype(jnp.float32)
     total = jnp.maximum(jnp.sum(load), 1.0)
     share = load / total
     bias = bias.astype(jnp.float32)
+    assignments = jnp.maximum(stats.assignments, 1.0)
+    dropped_recv = (
+        jnp.zeros_like(stats.dropped) if stats.dropped_recv is None else stats.dropped_recv
+    )
     return {
         "load_entropy": -jnp.sum(xlogy(share, share)),
         "load_max_over_mean": jnp.max(load) / jnp.maximum(jnp.mean(load), 1e-9),
-        "drop_rate": stats.dropped / jnp.maximum(stats.assignments, 1.0),
+        "drop_rate": stats.dropped / assignments,
+        "drop_rate_send": (stats.dropped - dropped_recv) / assignments,
+        "drop_rate_recv": dropped_recv / assignments,
         "z_loss": stats.z_loss,
         "bias_mean": jnp.mean(bias),
         "bias_std": jnp.std(bias),

@@ -301,6 +301,8 @@ class _StepLog:
             router = {name: np.asarray(value).tolist() for name, value in metrics["router"].items()}
             line["router"] = router
             line["drop_rate"] = float(np.mean(router["drop_rate"]))
+            line["drop_rate_send"] = float(np.mean(router["drop_rate_send"]))
+            line["drop_rate_recv"] = float(np.mean(router["drop_rate_recv"]))
             line["load_max_over_mean"] = float(np.max(router["load_max_over_mean"]))
         flops = flops_per_token(self.config.model, seq_len) * tokens
         line["mfu"] = flops / seconds / self.peak
