@@ -299,7 +299,7 @@ class TrainConfig:
 
 _MOE_ONLY = (
     "top_k", "n_shared_experts", "expert_ffn_dim", "latent_dim", "n_dense_layers",
-    "send_capacity", "receive_capacity", "dispatch_waves",
+    "send_capacity", "receive_capacity", "dispatch_waves", "dropless",
 )  # fmt: skip
 """ModelConfig fields that only an MoE model (n_routed_experts > 0) uses, besides `router`."""
 _ROUTER = tuple(f.name for f in dataclasses.fields(RouterConfig))

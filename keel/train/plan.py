@@ -282,12 +282,13 @@ def alltoall_plan(
     if not model.is_moe or n == 1:
         return None
     tokens = batch * seq_len // devices
+    worst = model.dropless != "off"  # dropless pools (and ragged's receive buffer): no limit
     c_send, c_recv = exchange_capacities(
         tokens,
         model.top_k,
         n,
-        model.send_capacity,
-        model.receive_capacity,
+        None if worst else model.send_capacity,
+        None if worst else model.receive_capacity,
         model.dispatch_waves,
     )
     pool = n * c_send

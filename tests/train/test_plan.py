@@ -120,3 +120,17 @@ def test_plan_refuses_a_mesh_that_does_not_fit_the_devices_before_compiling(tiny
     config, devices = tiny_moe_8
     with pytest.raises(ConfigError, match="mesh"):
         plan_run(replace(config, mesh=MeshConfig(data=1, fsdp=3, expert=4)), devices)
+
+
+def test_plan_of_dropless_pools_sizes_the_exchange_for_the_worst_case():
+    from keel.train.plan import alltoall_plan
+
+    config = preset("tiny-moe")
+    mesh = {"data": 1, "fsdp": 1, "expert": 4}
+    capped = alltoall_plan(config, 8, 128, mesh, 4)
+    pools = alltoall_plan(
+        replace(config, model=replace(config.model, dropless="pools")), 8, 128, mesh, 4
+    )
+    tokens = 8 * 128 // 4
+    assert capped.send_rows < tokens * config.model.top_k  # capacity 1.x of the even share
+    assert pools.send_rows == tokens * config.model.top_k  # every assignment to one device
