@@ -58,6 +58,19 @@ def attention(
     `segment_ids` [batch, seq], a position attends only to earlier positions of its own segment
     (document). `config.attention` picks the implementation (keel.model.attend)."""
     batch, seq, _ = x.shape
+    q, k, v = project_qkv(params, x, config)
+    cos, sin = rope_tables(seq, config)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    out = attend(q, k, v, segment_ids, config.attention)  # [batch, seq, n_heads, head_dim]
+    return out.reshape(batch, seq, config.n_heads * config.head_dim) @ params.wo
+
+
+def project_qkv(
+    params: AttentionParams, x: jax.Array, config: ModelConfig
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """x [batch, seq, d_model] -> q [batch, seq, n_heads, head_dim] and k, v [batch, seq,
+    n_kv_heads, head_dim], q and k RMS-normed when config.qk_norm (before RoPE)."""
+    batch, seq, _ = x.shape
     hd = config.head_dim
     q = (x @ params.wq).reshape(batch, seq, config.n_heads, hd)
     k = (x @ params.wk).reshape(batch, seq, config.n_kv_heads, hd)
@@ -65,7 +78,4 @@ def attention(
     if config.qk_norm:
         q = rms_norm(q, params.q_norm, config.norm_eps)
         k = rms_norm(k, params.k_norm, config.norm_eps)
-    cos, sin = rope_tables(seq, config)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    out = attend(q, k, v, segment_ids, config.attention)  # [batch, seq, n_heads, head_dim]
-    return out.reshape(batch, seq, config.n_heads * hd) @ params.wo
+    return q, k, v

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from keel.model.attention import AttentionParams, apply_rope, rope_tables
+from keel.model.attention import AttentionParams, project_qkv
 from keel.model.config import ModelConfig
 from keel.model.layers import rms_norm, swiglu
 from keel.model.moe import moe_forward
+from keel.model.rope import apply_rope, rope_tables
 from keel.model.transformer import DenseBlockParams, ModelParams, MoeBlockParams
 
 
@@ -77,12 +78,7 @@ def _cached_attention(
     layer's k and v caches [batch, max_len, n_kv_heads, head_dim] with the new keys written)."""
     batch, n, _ = x.shape
     hd, max_len = config.head_dim, k_cache.shape[1]
-    q = (x @ params.wq).reshape(batch, n, config.n_heads, hd)
-    k = (x @ params.wk).reshape(batch, n, config.n_kv_heads, hd)
-    v = (x @ params.wv).reshape(batch, n, config.n_kv_heads, hd)
-    if config.qk_norm:
-        q = rms_norm(q, params.q_norm, config.norm_eps)
-        k = rms_norm(k, params.k_norm, config.norm_eps)
+    q, k, v = project_qkv(params, x, config)
     cos, sin = rope_tables(max_len, config)
     cos = jax.lax.dynamic_slice_in_dim(cos, start, n)
     sin = jax.lax.dynamic_slice_in_dim(sin, start, n)
