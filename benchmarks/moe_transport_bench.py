@@ -2,6 +2,7 @@
 capacity 1.15 vs dropless pools, for one MoE block's forward and backward.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/moe_transport_bench.py
+    python benchmarks/moe_transport_bench.py --smoke   # 4 of the devices, 64 tokens, 1 repeat
 
 Prints one JSON line per variant: XLA's temporary bytes of the compiled forward and of the
 forward + backward, the median seconds of forward + backward over --repeats calls, and the drop
@@ -66,7 +67,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=512, help="tokens per device")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--skew", type=float, default=0.5, help="router logit push, experts 0-1")
+    parser.add_argument("--smoke", action="store_true", help="4 devices, 64 tokens, 1 repeat")
     args = parser.parse_args()
+    if args.smoke:
+        args.devices, args.tokens, args.repeats = 4, 64, 1
+    if len(jax.devices()) < args.devices:
+        parser.error(
+            f"--devices {args.devices}: JAX sees {len(jax.devices())}; run with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={args.devices}"
+        )
     base = ModelConfig(
         d_model=128, n_routed_experts=16, top_k=2, expert_ffn_dim=256, n_layers=2
     ).validate()

@@ -43,7 +43,9 @@ from keel.train.step import build_step_functions
 logger = logging.getLogger(__name__)
 
 ID_BYTES = 4
-"""The exchange's expert ids and kept flags are int32."""
+"""The exchange's expert ids are int32."""
+FLAG_BYTES = 1
+"""Its kept flags travel as bool."""
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,10 @@ class AllToAll:
     Per MoE layer, each device hands every all-to-all a buffer of n x C_send rows (n devices on
     the expert axis, C_send rows per destination): forward, the token rows [n, C_send, d_e] in
     the compute dtype and their expert ids [n, C_send] int32 go out, and the results
-    [n, C_send, d_e] and kept flags [n, C_send] int32 come back; backward, the two row exchanges
-    run again transposed (cotangents of the results and of the rows, compute dtype; the int32
-    exchanges have no cotangent). With remat the forward exchanges also run a second time in the
+    [n, C_send, d_e] and kept flags [n, C_send] bool come back; backward, the two row exchanges
+    run again transposed (cotangents of the results and of the rows, compute dtype; the id and
+    flag exchanges have no cotangent). With dispatch_waves W the same bytes move in W exchanges
+    of 1/W each. With remat the forward exchanges also run a second time in the
     backward pass. Of each buffer, the block addressed to the device itself stays on it: bytes
     leaving a device are the buffer's (n - 1) / n. These are the program's bytes (bfloat16 rows
     with bfloat16 compute, as a GPU moves them); XLA:CPU compiles bfloat16 all-to-alls as
@@ -295,8 +298,7 @@ def alltoall_plan(
     dtype_bytes = jnp.dtype(jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32)
     row_bytes = (model.latent_dim or model.d_model) * dtype_bytes.itemsize
     rows = pool * row_bytes
-    ids = pool * ID_BYTES
-    forward = 2 * rows + 2 * ids
+    forward = 2 * rows + pool * (ID_BYTES + FLAG_BYTES)
     backward = 2 * rows + (forward if config.remat else 0)
     step = (forward + backward) * model.n_moe_layers
     return AllToAll(

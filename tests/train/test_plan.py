@@ -23,8 +23,8 @@ from keel.train.presets import preset
 from keel.train.schedule import piecewise_lr
 
 ALL_TO_ALL = re.compile(r"= \(?([^=]*?)\)? all-to-all\(")
-SHAPE = re.compile(r"(f32|bf16|s32)\[([\d,]*)\]")
-ITEMSIZE = {"f32": 4, "bf16": 2, "s32": 4}
+SHAPE = re.compile(r"(f32|bf16|s32|pred)\[([\d,]*)\]")
+ITEMSIZE = {"f32": 4, "bf16": 2, "s32": 4, "pred": 1}
 
 
 @pytest.mark.slow
@@ -88,9 +88,9 @@ def test_plan_of_tiny_moe_matches_the_live_shards_of_a_real_run(tiny_moe_8, tiny
     exchange = plan.alltoall
     assert exchange is not None and exchange.devices == 4
     assert exchange.tokens_per_device == config.batch_size * 128 // 8
-    # float32 rows of d_model = 128: the forward's rows and results plus two int32 id buffers.
+    # float32 rows of d_model = 128: the forward's rows and results, int32 ids and bool flags.
     pool = 4 * exchange.send_rows
-    assert exchange.layer_forward_bytes == 2 * pool * 128 * 4 + 2 * pool * 4
+    assert exchange.layer_forward_bytes == 2 * pool * 128 * 4 + pool * (4 + 1)
 
     text = "\n".join(plan.lines())
     assert "fsdp 2" in text and "temporaries (XLA:cpu)" in text
