@@ -113,11 +113,14 @@ def test_ctrl_c_sigterm_or_a_killed_group_stops_every_member(tmp_path, number, t
         time.sleep(120)
         """
     )
+    # Ctrl-C as in a terminal: a test run started in the background (`cmd &`, nohup, CI) has
+    # SIGINT ignored, which its children inherit and Python then leaves ignored.
     runner = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            f"import sys; from keel.core.gang import run_local_gang; run_local_gang({member!r}, 2)",
+            "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            f"from keel.core.gang import run_local_gang; run_local_gang({member!r}, 2)",
         ],
         stderr=subprocess.PIPE,
         start_new_session=True,
