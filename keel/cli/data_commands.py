@@ -12,6 +12,7 @@ from keel.cli.output import print_json, stderr, stdout, user_errors
 from keel.cluster.backend import require_ray
 from keel.core.config import apply_overrides
 from keel.core.errors import UsageError
+from keel.core.progress import PROGRESS_FORMS, parse_progress
 from keel.data.decontam import DecontamConfig, EvalSet, run_decontam
 from keel.data.dedup import ExactDedupConfig, run_exact_dedup
 from keel.data.documents import StageReport
@@ -51,6 +52,13 @@ OUTPUT = typer.Option(
 WORKERS = typer.Option(None, "--workers", help="keel/flow workers (default: all cores).")
 BACKEND = typer.Option("local", "--backend", help="keel/flow backend: local or ray.")
 JSON = typer.Option(False, "--json", help="Print the stage report as one JSON object.")
+PROGRESS = typer.Option(
+    None,
+    "--progress",
+    help=f"How to show each flow stage's progress on stderr: {PROGRESS_FORMS}; here N counts a "
+    "stage's tasks. Default: a bar on a terminal, else a line every 30 s of a long stage.",
+)
+QUIET = typer.Option(False, "--quiet", help="Show no progress; the report still prints.")
 SET = typer.Option(
     [], "--set", help="Override any field of the stage's config: key=value (repeatable)."
 )
@@ -65,24 +73,28 @@ def run_stage(
     input: str,
     output: str,
     config: object,
-    workers: int | None,
-    backend: str,
+    options: RunOptions,
     as_json: bool,
 ) -> StageReport:
-    """Run one stage with the chosen backend and print its report."""
-    report = run(input, output, config, flow_options(workers, backend))
+    """Run one stage with `options` (flow_options) and print its report."""
+    report = run(input, output, config, options)
     show_report(report, output, as_json)
     return report
 
 
-def flow_options(workers: int | None, backend: str) -> RunOptions:
+def flow_options(
+    workers: int | None, backend: str, progress: str | None = None, quiet: bool = False
+) -> RunOptions:
+    """The flow options of a data command's --workers, --backend, --progress and --quiet (no
+    --progress: flow's default for stages, a bar on a terminal, else a line every 30 s)."""
     if backend not in ("local", "ray"):
         raise UsageError(f"--backend {backend!r}: use local or ray")
     if backend == "ray":
         require_ray("--backend ray")
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be at least 1, got {workers}")
-    return RunOptions(backend=backend, workers=workers)
+    style = None if progress is None and not quiet else parse_progress(progress, quiet)
+    return RunOptions(backend=backend, workers=workers, progress=style)
 
 
 def show_report(report: StageReport, output: str, as_json: bool) -> None:
@@ -117,6 +129,8 @@ def ingest_command(
     overrides: list[str] = SET,
     workers: int | None = WORKERS,
     backend: str = BACKEND,
+    progress: str | None = PROGRESS,
+    quiet: bool = QUIET,
     as_json: bool = JSON,
 ) -> None:
     """Raw JSONL/Parquet/text/HTML/WARC files -> a normalized document set with ids.
@@ -126,7 +140,14 @@ def ingest_command(
     config = IngestConfig(
         format=format, text_field=text_field, html_field=html_field, source=source
     )
-    run_stage(run_ingest, input, output, configured(config, overrides), workers, backend, as_json)
+    run_stage(
+        run_ingest,
+        input,
+        output,
+        configured(config, overrides),
+        flow_options(workers, backend, progress, quiet),
+        as_json,
+    )
 
 
 @app.command("extract")
@@ -138,6 +159,8 @@ def extract_command(
     overrides: list[str] = SET,
     workers: int | None = WORKERS,
     backend: str = BACKEND,
+    progress: str | None = PROGRESS,
+    quiet: bool = QUIET,
     as_json: bool = JSON,
 ) -> None:
     """A document set with an HTML column -> main text, navigation and boilerplate removed.
@@ -145,7 +168,9 @@ def extract_command(
     Example: keel data extract --input pages/ --output text/
     """
     config = configured(ExtractConfig(html_field=html_field), overrides)
-    run_stage(run_extract, input, output, config, workers, backend, as_json)
+    run_stage(
+        run_extract, input, output, config, flow_options(workers, backend, progress, quiet), as_json
+    )
 
 
 @app.command("train-quality")
@@ -157,13 +182,17 @@ def train_quality_command(
     overrides: list[str] = SET,
     workers: int | None = WORKERS,
     backend: str = BACKEND,
+    progress: str | None = PROGRESS,
+    quiet: bool = QUIET,
 ) -> None:
     """Train the quality classifier from a positive and a negative document set.
 
     Example: keel data train-quality --positive wiki/ --negative crawl/ --model quality.model
     """
     config = configured(QualityTrainConfig(), overrides)
-    trained = train_quality_classifier(positive, negative, config, flow_options(workers, backend))
+    trained = train_quality_classifier(
+        positive, negative, config, flow_options(workers, backend, progress, quiet)
+    )
     trained.save(model)
     stdout.print(f"quality model written to {model}")
 
@@ -177,6 +206,8 @@ def quality_command(
     overrides: list[str] = SET,
     workers: int | None = WORKERS,
     backend: str = BACKEND,
+    progress: str | None = PROGRESS,
+    quiet: bool = QUIET,
     as_json: bool = JSON,
 ) -> None:
     """Add attribute columns: language, heuristics (Gopher), quality_score (with --model).
@@ -184,7 +215,9 @@ def quality_command(
     Example: keel data quality --input docs/ --output scored/ --model quality.model
     """
     config = configured(QualityConfig(model_path=model), overrides)
-    run_stage(run_quality, input, output, config, workers, backend, as_json)
+    run_stage(
+        run_quality, input, output, config, flow_options(workers, backend, progress, quiet), as_json
+    )
 
 
 @app.command("filter")
@@ -195,6 +228,8 @@ def filter_command(
     overrides: list[str] = SET,
     workers: int | None = WORKERS,
     backend: str = BACKEND,
+    progress: str | None = PROGRESS,
+    quiet: bool = QUIET,
     as_json: bool = JSON,
 ) -> None:
     """Drop documents by thresholds over attribute columns (defaults: Gopher's, English).
@@ -202,7 +237,9 @@ def filter_command(
     Example: keel data filter --input scored/ --output kept/ --set min_quality_score=0.5
     """
     config = configured(FilterConfig(), overrides)
-    run_stage(run_filter, input, output, config, workers, backend, as_json)
+    run_stage(
+        run_filter, input, output, config, flow_options(workers, backend, progress, quiet), as_json
+    )
 
 
 @app.command("embed")
@@ -213,6 +250,8 @@ def embed_command(
     overrides: list[str] = SET,
     workers: int | None = WORKERS,
     backend: str = BACKEND,
+    progress: str | None = PROGRESS,
+    quiet: bool = QUIET,
     as_json: bool = JSON,
 ) -> None:
     """Add an `embedding` (hashed n-gram TF-IDF, projected) and a k-means `cluster` column.
@@ -220,7 +259,9 @@ def embed_command(
     Example: keel data embed --input kept/ --output embedded/ --set clusters=32
     """
     config = configured(EmbedConfig(), overrides)
-    run_stage(run_embed, input, output, config, workers, backend, as_json)
+    run_stage(
+        run_embed, input, output, config, flow_options(workers, backend, progress, quiet), as_json
+    )
 
 
 @app.command("dedup")
@@ -233,6 +274,8 @@ def dedup_command(
     overrides: list[str] = SET,
     workers: int | None = WORKERS,
     backend: str = BACKEND,
+    progress: str | None = PROGRESS,
+    quiet: bool = QUIET,
     as_json: bool = JSON,
 ) -> None:
     """Remove exact or near duplicates; DIR gets the kept documents and removed.parquet.
@@ -241,10 +284,24 @@ def dedup_command(
     """
     if mode == "exact":
         config = configured(ExactDedupConfig(), overrides)
-        run_stage(run_exact_dedup, input, output, config, workers, backend, as_json)
+        run_stage(
+            run_exact_dedup,
+            input,
+            output,
+            config,
+            flow_options(workers, backend, progress, quiet),
+            as_json,
+        )
     elif mode == "fuzzy":
         config = configured(FuzzyDedupConfig(threshold=threshold), overrides)
-        run_stage(run_fuzzy_dedup, input, output, config, workers, backend, as_json)
+        run_stage(
+            run_fuzzy_dedup,
+            input,
+            output,
+            config,
+            flow_options(workers, backend, progress, quiet),
+            as_json,
+        )
     else:
         raise UsageError(f"--mode {mode!r}: use exact or fuzzy")
 
@@ -264,6 +321,8 @@ def decontam_command(
     overrides: list[str] = SET,
     workers: int | None = WORKERS,
     backend: str = BACKEND,
+    progress: str | None = PROGRESS,
+    quiet: bool = QUIET,
     as_json: bool = JSON,
 ) -> None:
     """Drop (or cut) documents sharing n-grams with eval sets; report per eval set.
@@ -273,7 +332,14 @@ def decontam_command(
     """
     eval_sets = tuple(EvalSet(path, tuple(eval_field)) for path in eval)
     config = DecontamConfig(eval_sets, ngram=ngram, min_matches=threshold, mode=mode)
-    run_stage(run_decontam, input, output, configured(config, overrides), workers, backend, as_json)
+    run_stage(
+        run_decontam,
+        input,
+        output,
+        configured(config, overrides),
+        flow_options(workers, backend, progress, quiet),
+        as_json,
+    )
 
 
 @app.command("tokenize")
@@ -289,6 +355,8 @@ def tokenize_command(
     overrides: list[str] = SET,
     workers: int | None = WORKERS,
     backend: str = BACKEND,
+    progress: str | None = PROGRESS,
+    quiet: bool = QUIET,
     as_json: bool = JSON,
 ) -> None:
     """Documents -> a token cache (manifest.json + shards) and the tokenizer.json used.
@@ -298,7 +366,14 @@ def tokenize_command(
     if train_tokenizer == (tokenizer is not None):
         raise UsageError("pass exactly one of --train-tokenizer and --tokenizer PATH")
     config = TokenizeConfig(vocab_size=vocab_size, tokenizer_path=tokenizer)
-    run_stage(run_tokenize, input, output, configured(config, overrides), workers, backend, as_json)
+    run_stage(
+        run_tokenize,
+        input,
+        output,
+        configured(config, overrides),
+        flow_options(workers, backend, progress, quiet),
+        as_json,
+    )
 
 
 @app.command("mix")
@@ -312,6 +387,8 @@ def mix_command(
     bytes_per_token: float = typer.Option(4.0, "--bytes-per-token", help="Token estimate."),
     workers: int | None = WORKERS,
     backend: str = BACKEND,
+    progress: str | None = PROGRESS,
+    quiet: bool = QUIET,
     as_json: bool = JSON,
 ) -> None:
     """Mix document sets by token weight; small sources repeat (epochs in mix.json).
@@ -320,7 +397,7 @@ def mix_command(
     """
     sources = tuple(_mix_source(text) for text in source)
     config = MixConfig(sources, total_tokens, bytes_per_token)
-    report = run_mix(config, output, flow_options(workers, backend))
+    report = run_mix(config, output, flow_options(workers, backend, progress, quiet))
     show_report(report, output, as_json)
 
 

@@ -1,6 +1,7 @@
 """`keel data mix` and `keel data stats` through the real command."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,16 @@ def test_output_that_is_cwd_or_holds_an_input_is_refused_and_nothing_is_touched(
     assert len(lines) == 1 and lines[0].startswith("error:"), result.output
     assert "refus" in lines[0], lines[0]
     assert _checksums(tmp_path) == before
+
+
+def test_a_data_stage_writes_progress_lines_into_a_log_and_none_with_quiet(cli):
+    _document_set(cli.root / "docs", "web", 40)  # 2 input files: 2 tasks per stage
+    base = ["data", "dedup", "--input", str(cli.root / "docs"), "--workers", "1", "--json"]
+    shown = cli.run(*base, "--output", str(cli.root / "a"), "--progress", "1")
+    assert shown.returncode == 0, shown.stderr
+    lines = [line for line in shown.stderr.splitlines() if re.search(r"\d+/\d+ tasks", line)]
+    assert lines and all(line.startswith("stage ") for line in lines), shown.stderr
+    quiet = cli.run(*base, "--output", str(cli.root / "b"), "--quiet")
+    assert quiet.returncode == 0, quiet.stderr
+    assert not re.search(r"\d+/\d+ tasks", quiet.stderr)
+    assert json.loads(quiet.stdout)["documents_out"] == json.loads(shown.stdout)["documents_out"]
