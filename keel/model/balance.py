@@ -51,37 +51,35 @@ class BalanceRule(Protocol):
         ...
 
 
-def _no_statistic(scores: jax.Array) -> jax.Array:
-    return jnp.zeros((scores.shape[-1],), jnp.float32)
-
-
-@dataclass(frozen=True)
-class NoBalance:
-    """The bias never moves."""
-
-    name: str = "none"
+class _LoadOnly:
+    """For rules that need only the load: no statistic of their own (zeros [experts])."""
 
     def observe(self, scores: jax.Array, bias: jax.Array, top_k: int) -> jax.Array:
         return _no_statistic(scores)
 
     def reduce(self, statistic: jax.Array, axes: Sequence[str]) -> jax.Array:
         return statistic
+
+
+def _no_statistic(scores: jax.Array) -> jax.Array:
+    return jnp.zeros((scores.shape[-1],), jnp.float32)
+
+
+@dataclass(frozen=True)
+class NoBalance(_LoadOnly):
+    """The bias never moves."""
+
+    name: str = "none"
 
     def update(self, bias, load, statistic, config) -> jax.Array:
         return bias
 
 
 @dataclass(frozen=True)
-class SignBalance:
+class SignBalance(_LoadOnly):
     """DeepSeek-V3: bias + bias_rate * sign(mean(load) - load)."""
 
     name: str = "sign"
-
-    def observe(self, scores: jax.Array, bias: jax.Array, top_k: int) -> jax.Array:
-        return _no_statistic(scores)
-
-    def reduce(self, statistic: jax.Array, axes: Sequence[str]) -> jax.Array:
-        return statistic
 
     def update(self, bias, load, statistic, config) -> jax.Array:
         load = load.astype(jnp.float32)
