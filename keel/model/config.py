@@ -164,6 +164,11 @@ class ModelConfig:
             raise ConfigError(
                 f"model.dropless must be 'off', 'pools' or 'ragged', got {self.dropless!r}"
             )
+        if self.dropless == "ragged" and _jax_backend() == "cpu":
+            raise ConfigError(
+                "model.dropless: ragged needs jax.lax.ragged_all_to_all, which XLA:CPU does not "
+                "implement; use model.dropless: pools on CPU"
+            )
         from keel.model.balance import balance_rule  # the registry imports jax
 
         balance_rule(self.router.balance)
@@ -225,19 +230,23 @@ class ModelConfig:
             )
 
     def _validate_attention(self) -> None:
-        """An implementation keel knows, and cudnn only where JAX runs on a GPU (JAX is imported
-        only to check that)."""
+        """An implementation keel knows, and cudnn only where JAX runs on a GPU."""
         known = get_args(get_type_hints(ModelConfig)["attention"])
         if self.attention not in known:
             raise ConfigError(
                 f"model.attention: unknown implementation {self.attention!r}; known: "
                 f"{', '.join(known)}"
             )
-        if self.attention == "cudnn":
-            import jax
+        if self.attention == "cudnn" and _jax_backend() != "gpu":
+            raise ConfigError(
+                f"model.attention=cudnn needs an NVIDIA GPU, but JAX runs on {_jax_backend()}; "
+                "use model.attention=blockwise or auto"
+            )
 
-            if jax.default_backend() != "gpu":
-                raise ConfigError(
-                    f"model.attention=cudnn needs an NVIDIA GPU, but JAX runs on "
-                    f"{jax.default_backend()}; use model.attention=blockwise or auto"
-                )
+
+def _jax_backend() -> str:
+    """The platform JAX runs on ("cpu", "gpu", "tpu"), for settings only some backends implement
+    (JAX is imported only when such a setting is asked for)."""
+    import jax
+
+    return jax.default_backend()

@@ -111,7 +111,7 @@ def _dropless(
 def _expert_parallel_dispatch(config: ModelConfig, n: int) -> Callable:
     """The dispatch over n > 1 expert devices that config.dropless names: fixed pools at the
     configured capacities ("off"), pools no routing can overflow ("pools": C_send = tokens * k,
-    C_recv = n * C_send), or ragged_all_to_all ("ragged"; moe_forward refuses it on CPU)."""
+    C_recv = n * C_send), or ragged_all_to_all ("ragged"; refused on CPU by validate)."""
     if config.dropless == "ragged":
         return partial(dispatch_ragged, axis_name=EXPERT_AXIS)
     worst = config.dropless == "pools"
@@ -153,11 +153,6 @@ def moe_forward(
     devices by the rule.
     """
     n_experts = params.router.shape[-1]
-    if config.dropless == "ragged" and jax.default_backend() == "cpu":
-        raise ConfigError(
-            "model.dropless: ragged needs jax.lax.ragged_all_to_all, which XLA:CPU does not "
-            "implement; use model.dropless: pools on CPU"
-        )
     if mesh is None or mesh.size == 1:
         y, routing, _ = _block(params, x, bias, config, _dropless)
         return y, routing_stats(routing, n_experts)
