@@ -18,10 +18,15 @@ from typing import Any
 from keel.core import paths
 from keel.core.config import load_config
 from keel.core.errors import UsageError
-from keel.train.checkpoint import CHECKPOINTS_DIR, Checkpoints, TrainState
+from keel.train.checkpoint import (
+    CHECKPOINTS_DIR,
+    Checkpoints,
+    TrainState,
+    committed_checkpoint_steps,
+)
 from keel.train.config import TrainConfig
 from keel.train.events import read_events
-from keel.train.run_dir import CONFIG_FILE, RunMirror
+from keel.train.run_dir import CONFIG_FILE
 
 BRANCH_EVENT = "branch"
 
@@ -48,15 +53,8 @@ def parse_branch_point(text: str) -> BranchPoint:
 def parent_config(point: BranchPoint, config: TrainConfig) -> TrainConfig:
     """The parent run's config; raise UsageError (one line) when the run or its checkpoint at
     the step does not exist, or when its model cannot be continued by `config`'s."""
-    config_path = paths.join(point.run, CONFIG_FILE)
-    if not paths.exists(config_path):
-        raise UsageError(f"--from {point}: {point.run} holds no keel run (no {CONFIG_FILE})")
-    parent = load_config(config_path, TrainConfig)
-    listing = RunMirror(point.run, CHECKPOINTS_DIR)  # lists, downloads nothing
-    try:
-        steps = listing.committed_steps()
-    finally:
-        listing.close()
+    steps = committed_checkpoint_steps(point.run, where=f"--from {point}: ")
+    parent = load_config(paths.join(point.run, CONFIG_FILE), TrainConfig)
     if point.step not in steps:
         listed = ", ".join(map(str, steps)) or "none"
         raise UsageError(

@@ -25,7 +25,7 @@ import orbax.checkpoint as ocp
 
 from keel.core import paths
 from keel.core.errors import UsageError
-from keel.train.run_dir import RunMirror
+from keel.train.run_dir import CONFIG_FILE, RunMirror
 
 CHECKPOINTS_DIR = "checkpoints"
 
@@ -111,3 +111,16 @@ class Checkpoints:
         """Close the manager; a working copy is removed (every checkpoint in it is uploaded)."""
         self.manager.close()
         self.run.close()
+
+
+def committed_checkpoint_steps(run: str, where: str = "") -> list[int]:
+    """The steps of `run`'s committed checkpoints, ascending (listed, nothing downloaded), after
+    checking that `run` (a local path or a URL) is a keel run: UsageError "{where}RUN holds no keel
+    run" otherwise."""
+    if not paths.exists(paths.join(run, CONFIG_FILE)):
+        raise UsageError(f"{where}{run} holds no keel run (no {CONFIG_FILE})")
+    listing = RunMirror(run, CHECKPOINTS_DIR)
+    try:
+        return listing.committed_steps()
+    finally:
+        listing.close()

@@ -21,10 +21,10 @@ from keel.data.token_cache import TokenCache
 from keel.model.config import ModelConfig
 from keel.model.sharding import MeshConfig
 from keel.model.transformer import ModelParams
-from keel.train.checkpoint import CHECKPOINTS_DIR, Checkpoints
+from keel.train.checkpoint import Checkpoints, committed_checkpoint_steps
 from keel.train.config import TrainConfig
 from keel.train.layout import initial_state
-from keel.train.run_dir import CONFIG_FILE, RunMirror
+from keel.train.run_dir import CONFIG_FILE
 
 
 @dataclass(frozen=True)
@@ -49,13 +49,7 @@ class TrainedModel:
 def checkpoint_step(run: str, step: int | None) -> int:
     """`step` (default: the latest) after checking the run has that checkpoint; UsageError (one
     line) for a directory holding no run, a run with no checkpoint or without that step."""
-    if not paths.exists(paths.join(run, CONFIG_FILE)):
-        raise UsageError(f"{run} holds no keel run (no {CONFIG_FILE})")
-    listing = RunMirror(run, CHECKPOINTS_DIR)  # lists, downloads nothing
-    try:
-        steps = listing.committed_steps()
-    finally:
-        listing.close()
+    steps = committed_checkpoint_steps(run)
     if not steps:
         raise UsageError(f"{run} holds no checkpoint yet; train it first (keel train)")
     if step is None:
