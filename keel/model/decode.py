@@ -23,7 +23,12 @@ from keel.model.config import ModelConfig
 from keel.model.layers import rms_norm, swiglu
 from keel.model.moe import moe_forward
 from keel.model.rope import apply_rope, rope_tables
-from keel.model.transformer import DenseBlockParams, ModelParams, MoeBlockParams
+from keel.model.transformer import (
+    DenseBlockParams,
+    ModelParams,
+    MoeBlockParams,
+    output_logits,
+)
 
 
 @jax.tree_util.register_dataclass
@@ -136,7 +141,4 @@ def forward_cached(
         h, moe_cache = jax.lax.scan(
             moe_block, h, (params.moe, router_bias, cache.moe.k, cache.moe.v)
         )
-    h = rms_norm(h, params.final_norm, eps)
-    unembed = params.embed.T if params.unembed is None else params.unembed
-    logits = jnp.einsum("bsd,dv->bsv", h, unembed, preferred_element_type=jnp.float32)
-    return logits, KVCache(dense=dense_cache, moe=moe_cache)
+    return output_logits(params, h, config), KVCache(dense=dense_cache, moe=moe_cache)

@@ -145,10 +145,15 @@ def forward(
     stats = None
     if params.moe is not None:
         h, stats = jax.lax.scan(moe_block, h, (params.moe, router_bias))
-    h = rms_norm(h, params.final_norm, eps)
+    return _batch_split(output_logits(params, h, config), mesh), stats
+
+
+def output_logits(params: ModelParams, h: jax.Array, config: ModelConfig) -> jax.Array:
+    """The last hidden states h [batch, seq, d_model] -> logits [batch, seq, vocab] float32:
+    the final norm, then the unembedding (the embedding's transpose when tied)."""
+    h = rms_norm(h, params.final_norm, config.norm_eps)
     unembed = params.embed.T if params.unembed is None else params.unembed
-    logits = jnp.einsum("bsd,dv->bsv", h, unembed, preferred_element_type=jnp.float32)
-    return _batch_split(logits, mesh), stats
+    return jnp.einsum("bsd,dv->bsv", h, unembed, preferred_element_type=jnp.float32)
 
 
 def _batch_split(x: jax.Array, mesh: Mesh | None) -> jax.Array:
