@@ -21,7 +21,6 @@ checkpoints that transformers 4 and 5 both read.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,12 +29,15 @@ from typing import Any
 
 import numpy as np
 
+from keel.core.commit import staged_output
 from keel.core.errors import UsageError
 from keel.model.config import ModelConfig
 from keel.train.tensor_file import write_safetensors
 from keel.train.trained import TrainedModel, as_numpy
 
 WEIGHTS_FILE = "model.safetensors"
+HF_CONFIG_FILE = "config.json"
+"""The model's config.json, also the export's commit marker (keel.core.commit)."""
 
 
 @dataclass(frozen=True)
@@ -211,28 +213,23 @@ def _tokenizer_config(trained: TrainedModel) -> dict[str, Any]:
 
 def export_hf(trained: TrainedModel, output: str) -> HfArchitecture:
     """Write the Hugging Face directory `output` (missing or empty; written in a staging
-    directory beside it and renamed when complete); the class it exports to."""
+    directory beside it and published whole by keel.core.commit); the class it exports to."""
     bias = None if trained.router_bias is None else np.asarray(trained.router_bias)
     architecture = choose_architecture(trained.model, bias)
     final = Path(output).expanduser().resolve()
     if final.exists() and (not final.is_dir() or any(final.iterdir())):
         raise UsageError(f"--output {output} exists and is not empty; choose a new directory")
-    staging = final.with_name(f".{final.name}.staging-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with staged_output(
+        final, marker=HF_CONFIG_FILE, kind="Hugging Face export", inputs=[trained.run]
+    ) as staging_dir:
+        staging = Path(staging_dir)
         write_safetensors(staging / WEIGHTS_FILE, hf_weights(trained), {"format": "pt"})
         files = {
-            "config.json": hf_config(trained, architecture),
+            HF_CONFIG_FILE: hf_config(trained, architecture),
             "tokenizer_config.json": _tokenizer_config(trained),
             "generation_config.json": {"eos_token_id": trained.eos_id},
         }
         for name, content in files.items():
             (staging / name).write_text(json.dumps(content, indent=2) + "\n")
         shutil.copyfile(trained.tokenizer_path, staging / "tokenizer.json")
-        if final.exists():
-            final.rmdir()
-        staging.rename(final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return architecture
