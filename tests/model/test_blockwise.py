@@ -82,13 +82,7 @@ def test_tiny_dense_trains_at_16k_tokens_per_sequence(tmp_path):
         # run: docs/training.md).
         *("--set", "eval_batches=1", "--set", "model.n_layers=1"),
     ]
-    done = subprocess.run(
-        [sys.executable, "-m", "keel", *command],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = _keel(tmp_path, command, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "to step 2" in done.stdout
     assert "ends during warmup" in done.stderr  # the preset warms up over 30 steps
@@ -123,13 +117,18 @@ def test_unknown_implementation_is_an_error_listing_the_known_ones():
 )
 def test_cli_rejects_cudnn_on_cpu_and_unknown_names_in_one_line(tmp_path, value, message):
     command = ["train", "--preset", "tiny-dense", "--plan", "--set", f"model.attention={value}"]
-    done = subprocess.run(
-        [sys.executable, "-m", "keel", *command],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _keel(tmp_path, command, timeout=120)
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and lines[0].startswith(message), done.stderr[-2000:]
+
+
+def _keel(cwd, command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """`keel COMMAND...` as a user runs it, in `cwd`, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "keel", *command],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
