@@ -13,14 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from mesh_support import small_dense
 
 from keel.data.token_cache import TokenCache
 from keel.model.transformer import forward, init_params, init_router_bias
 from keel.train.hf_export import export_hf
 from keel.train.presets import preset
 from keel.train.trained import TrainedModel
-from keel.train.trainer import train
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -65,16 +63,6 @@ def test_each_stock_class_gives_keels_logits(tmp_path, wikitext_cache, overrides
     assert export_hf(trained, str(tmp_path / "hf")).name == architecture
     got = hf_logits(tmp_path / "hf", TOKENS)
     assert np.abs(got - keel_logits(trained, TOKENS)).max() <= TOLERANCE
-
-
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory, wikitext_cache) -> Path:
-    """tiny-dense cut to 1 layer and 3 steps on the test cache."""
-    output = tmp_path_factory.mktemp("export") / "run"
-    config = small_dense(f"data=[{{cache: {wikitext_cache}}}]", "steps=3", "checkpoint_every=3",
-                         "phases.0.schedule.warmup_steps=1")  # fmt: skip
-    train(replace(config, eval_every=1000), str(output), devices=jax.devices()[:1])
-    return output
 
 
 def test_an_exported_run_loads_with_its_tokenizer_and_gives_keels_logits(trained_run, tmp_path):

@@ -11,14 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from mesh_support import small_dense
 
 from keel.model.config import ModelConfig
 from keel.model.decode import forward_cached, init_cache
 from keel.model.generate import SamplingConfig, generate, sample_token
 from keel.model.transformer import forward, init_params, init_router_bias
 from keel.train.presets import preset
-from keel.train.trainer import train
 
 SMALL_DENSE = replace(preset("tiny-dense").model, vocab_size=256, n_layers=2, init_std=0.3)
 SMALL_MOE = replace(preset("tiny-moe").model, vocab_size=256, n_layers=3, init_std=0.3)
@@ -89,16 +87,6 @@ def test_cached_logits_equal_the_full_forward_pass():
         steps.append(logits)
     got = jnp.concatenate(steps, axis=1)
     assert float(jnp.max(jnp.abs(got - expected))) <= 1e-4
-
-
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory, wikitext_cache) -> Path:
-    """A tiny dense run of 2 steps on the test cache (checkpoint at step 2)."""
-    output = tmp_path_factory.mktemp("sample") / "run"
-    config = small_dense(f"data=[{{cache: {wikitext_cache}}}]", "steps=2", "checkpoint_every=2",
-                          "phases.0.schedule.warmup_steps=1")  # fmt: skip
-    train(replace(config, eval_every=1000), str(output), devices=jax.devices()[:1])
-    return output
 
 
 def sample(run: Path, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
