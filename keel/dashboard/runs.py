@@ -1,25 +1,31 @@
 """Training runs as the dashboard shows them: the runs table, metric series and config diffs.
 
 Metrics come from telemetry's `train.metrics` (long form: ts, run, step, name, value; see
-keel.telemetry.sink), so the charts show exactly what the store holds. A run's config and state
-come from its run directory (config.yaml, result.json) and, for a run trained as a step, from the
-step store's records. `run` is the name the trainer reported under (its output path).
+keel.telemetry.sink), so the charts show exactly what the store holds. A run directory directly
+under the prefix that never reported there (`keel train` without a telemetry target) is read from
+its own metrics.jsonl instead, nested values flattened to the same dotted names. A run's config
+and state come from its run directory (config.yaml, result.json) and, for a run trained as a step,
+from the step store's records. `run` is the name the trainer reported under (its output path), or
+a metrics.jsonl run's directory. Only known runs are read: any other name is a UsageError.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Mapping
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from keel.core.errors import UsageError
 from keel.dashboard.sources import Sources, sql_text
 from keel.steps.store import StepStore
 from keel.telemetry.sink import METRICS_NAMESPACE
-from keel.train.run_dir import CONFIG_FILE, RESULT_FILE
+from keel.telemetry.sink import flatten as flatten_numbers
+from keel.train.run_dir import CONFIG_FILE, METRICS_FILE, RESULT_FILE
 
 TABLE_METRICS = ("loss", "eval_bpb", "mfu", "tokens_per_s")
 """The last value of each of these is a column of the runs table."""
@@ -36,6 +42,31 @@ def has_metrics(sources: Sources) -> bool:
 def list_runs(sources: Sources) -> list[dict[str, Any]]:
     """One row per run: run, name, state, experiment, step, last_report (ISO time, UTC) and the
     last value of each TABLE_METRICS name (None when the run never reported it), newest first."""
+    runs = _telemetry_runs(sources)
+    reported = {Path(run["run"]).name for run in runs}
+    records = _step_records(sources)
+    for directory in _file_runs(sources):
+        if directory.name in reported:
+            continue
+        series = _file_series(directory)
+        steps = series.get("loss", [[0], []])[0] or [0]
+        last = datetime.fromtimestamp((directory / METRICS_FILE).stat().st_mtime, UTC)
+        record = records.get(directory.name)
+        runs.append(
+            {
+                "run": str(directory),
+                "name": directory.name,
+                "state": _state(directory, record, last),
+                "experiment": _experiment(record),
+                "step": max(steps),
+                "last_report": last.isoformat(),
+                **{name: (series.get(name) or [[], [None]])[1][-1] for name in TABLE_METRICS},
+            }
+        )
+    return sorted(runs, key=lambda run: run["last_report"], reverse=True)
+
+
+def _telemetry_runs(sources: Sources) -> list[dict[str, Any]]:
     if not has_metrics(sources):
         return []
     assert sources.telemetry is not None
@@ -67,11 +98,14 @@ def list_runs(sources: Sources) -> list[dict[str, Any]]:
                 **{name: values.get(run, {}).get(name) for name in TABLE_METRICS},
             }
         )
-    return sorted(runs, key=lambda run: run["last_report"], reverse=True)
+    return runs
 
 
 def metric_names(sources: Sources, run: str) -> list[str]:
     """The metric names `run` reported, sorted."""
+    directory = _file_run(sources, run)
+    if directory is not None:
+        return sorted(_file_series(directory))
     if not has_metrics(sources):
         return []
     assert sources.telemetry is not None
@@ -84,6 +118,10 @@ def metric_names(sources: Sources, run: str) -> list[str]:
 def metric_series(sources: Sources, run: str, names: list[str]) -> dict[str, list[list[float]]]:
     """{name: [steps, values]} of `run`, ascending by step; a step reported twice (a resumed
     run) keeps its latest row."""
+    directory = _file_run(sources, run)
+    if directory is not None:
+        stored = _file_series(directory)
+        return {name: stored.get(name, [[], []]) for name in names}
     if not names or not has_metrics(sources):
         return {name: [[], []] for name in names}
     assert sources.telemetry is not None
@@ -102,7 +140,8 @@ def metric_series(sources: Sources, run: str, names: list[str]) -> dict[str, lis
 
 def run_directory(sources: Sources, run: str) -> Path | None:
     """Where `run`'s files are: its reported path, else a directory of that name under the prefix
-    (a prefix copied or mounted elsewhere); None when neither exists."""
+    (a prefix copied or mounted elsewhere); None when neither exists. Call with known runs only
+    (check_run)."""
     candidates = [Path(run)]
     if sources.root is not None:
         if not Path(run).is_absolute():
@@ -114,6 +153,7 @@ def run_directory(sources: Sources, run: str) -> Path | None:
 def run_config(sources: Sources, run: str) -> dict[str, Any]:
     """The config the run trained under (its config.yaml, else its step record's config; {}
     when neither is there, e.g. with --url)."""
+    check_run(sources, run)
     directory = run_directory(sources, run)
     if directory is not None and (directory / CONFIG_FILE).is_file():
         return yaml.safe_load((directory / CONFIG_FILE).read_text()) or {}
@@ -144,6 +184,63 @@ def flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
             yield from flatten(item, f"{prefix}{index}.")
     else:
         yield prefix[:-1], list(value) if isinstance(value, tuple) else value
+
+
+def check_run(sources: Sources, run: str) -> None:
+    """UsageError unless `run` reported to telemetry or is a metrics.jsonl run under the prefix
+    (so a request cannot make the dashboard read files elsewhere)."""
+    if _file_run(sources, run) is not None:
+        return
+    if has_metrics(sources):
+        assert sources.telemetry is not None
+        found = sources.telemetry.query(
+            f"SELECT run FROM {_METRICS} WHERE run = {sql_text(run)} LIMIT 1"
+        )
+        if found.num_rows:
+            return
+    raise UsageError(f"no run {run!r}: see the runs table")
+
+
+def _file_runs(sources: Sources) -> list[Path]:
+    """Run directories directly under the prefix with a metrics.jsonl."""
+    if sources.root is None:
+        return []
+    return sorted(path.parent for path in sources.root.glob(f"*/{METRICS_FILE}"))
+
+
+def _file_run(sources: Sources, run: str) -> Path | None:
+    """`run` as a metrics.jsonl run under the prefix that never reported to telemetry, or None."""
+    if sources.root is None:
+        return None
+    directory = Path(run)
+    if directory.parent != sources.root or not (directory / METRICS_FILE).is_file():
+        return None
+    if has_metrics(sources):
+        assert sources.telemetry is not None
+        reported = sources.telemetry.query(
+            f"SELECT run FROM {_METRICS} WHERE run LIKE {sql_text('%' + directory.name)} LIMIT 1"
+        )
+        if reported.num_rows:
+            return None
+    return directory
+
+
+def _file_series(directory: Path) -> dict[str, list[list[float]]]:
+    """{name: [steps, values]} of a run's metrics.jsonl (nested values as dotted names)."""
+    by_name: dict[str, dict[int, float]] = {}
+    with (directory / METRICS_FILE).open() as lines:
+        for line in lines:
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            step = int(record["step"])
+            for name, value in flatten_numbers(record):
+                if name != "step":
+                    by_name.setdefault(name, {})[step] = value
+    return {
+        name: [sorted(values), [values[step] for step in sorted(values)]]
+        for name, values in by_name.items()
+    }
 
 
 def _step_records(sources: Sources) -> dict[str, Any]:

@@ -40,20 +40,18 @@ def prefix(tmp_path_factory) -> Path:
     prefix = work / "keel-out"
     prefix.mkdir()
     _copy_quickstart_data(prefix)
+    cluster = str(prefix / "cluster")
+    job = keel("job", "run", "--root", cluster, "--", "sh", "-c", f"echo {JOB_OUTPUT}", cwd=work)
     telemetry = {"KEEL_TELEMETRY": str(prefix / "telemetry")}
-    for name, extra in RUNS.items():
+    for name, extra in RUNS.items():  # one after the other: a telemetry store has one writer
         keel(
             "train", "--preset", "tiny-dense", "--steps", "3", "--prefix", str(prefix),
             "--output", str(prefix / name), *extra, cwd=work, env=telemetry,
         )  # fmt: skip
-    cluster = str(prefix / "cluster")
-    job = keel("job", "run", "--root", cluster, "--", "sh", "-c", f"echo {JOB_OUTPUT}", cwd=work)
     deadline = time.monotonic() + 60
     while (
-        keel("job", "status", job.stdout.strip(), "--root", cluster, cwd=work).stdout.find(
-            "succeeded"
-        )
-        < 0
+        "succeeded"
+        not in keel("job", "status", job.stdout.strip(), "--root", cluster, cwd=work).stdout
     ):
         assert time.monotonic() < deadline, "the job did not finish"
         time.sleep(0.3)
