@@ -1,17 +1,21 @@
-"""The dashboard's other sources, without a browser: a telemetry server (`--url`) and a run that
-never reported to telemetry (its metrics.jsonl); a run name it does not know is refused."""
+"""The dashboard's other sources, without a browser: a telemetry server (`--url`), a run that
+never reported to telemetry (its metrics.jsonl), task logs searched through the store; a run name
+it does not know is refused."""
 
 import json
 import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
+from datetime import datetime
 
+import pyarrow as pa
 import pytest
 from test_dashboard import store_loss
 
+from keel.cluster.logs import NAMESPACE, SCHEMA
 from keel.core.errors import UsageError
-from keel.dashboard import runs
+from keel.dashboard import jobs, runs
 from keel.dashboard.server import DashboardServer
 from keel.dashboard.sources import open_sources
 from keel.telemetry import TelemetryStore
@@ -61,3 +65,23 @@ def test_a_run_without_telemetry_is_read_from_its_metrics_file(prefix, tmp_path)
     assert runs.config_diff(sources, shown["run"], shown["run"]) == []
     with pytest.raises(UsageError, match="no run"):
         runs.run_config(sources, str(prefix / "train-a"))
+
+
+def test_log_search_finds_task_log_lines_through_the_store(tmp_path):
+    root = tmp_path / "keel-out"
+    lines = ["loading shard 3", "step 10 loss 2.5", "ERROR: shard 3 missing", "it's done"]
+    with TelemetryStore(root / "telemetry") as store:
+        store.create(NAMESPACE, SCHEMA)
+        rows = [
+            {"ts": datetime(2026, 12, 1, 0, 0, i), "job_id": "j-000007", "replica": 0,
+             "attempt": 0, "stream": "stdout", "line": line}
+            for i, line in enumerate(lines)
+        ]  # fmt: skip
+        store.write(NAMESPACE, pa.Table.from_pylist(rows, schema=SCHEMA))
+    sources = open_sources(str(root), None)
+    found = jobs.search_logs(sources, "shard 3")
+    line = found["columns"].index("line")
+    assert [row[line] for row in found["rows"]] == ["ERROR: shard 3 missing", "loading shard 3"]
+    assert [row[line] for row in jobs.search_logs(sources, "it's")["rows"]] == ["it's done"]
+    assert jobs.search_logs(sources, "nowhere")["rows"] == []
+    sources.close()

@@ -13,6 +13,7 @@ window.keelCharts = {};
 const runsState = { selected: null, metric: "loss", smoothing: 0, filter: "", group: "" };
 let refresh = null; // the current view's poll function
 let timer = null;
+let polls = 0; // poll() calls so far: only the latest schedules the next
 
 // -- helpers ------------------------------------------------------------------------------------
 
@@ -393,15 +394,17 @@ function route() {
   poll();
 }
 
+// Run the view's refresh now, then every POLL_MS; a call while one is running (a control
+// changed) supersedes it, so there is only ever one chain of timers.
 async function poll() {
   clearTimeout(timer);
   if (!refresh) return;
-  const current = refresh;
+  const generation = ++polls;
   try {
-    await current();
-    showError(null);
-  } catch (error) { showError(error); }
-  if (current === refresh) timer = setTimeout(poll, POLL_MS);
+    await refresh();
+    if (generation === polls) showError(null);
+  } catch (error) { if (generation === polls) showError(error); }
+  if (generation === polls) timer = setTimeout(poll, POLL_MS);
 }
 
 window.addEventListener("hashchange", route);
