@@ -5,31 +5,15 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from browser import chromium
+from dashboard_support import JOB_OUTPUT, KEEL, RUNS, keel
 
-KEEL = [sys.executable, "-m", "keel"]
 QUICKSTART_PREFIX_ENV = "KEEL_DOCS_QUICKSTART_PREFIX"
-RUNS = {"train-a": [], "train-b": ["--set", "optimizer.clip_norm=0.5"]}
-"""Two runs whose configs differ in one key (and in the output path)."""
-JOB_OUTPUT = "hello from the job"
-
-
-def keel(*args, cwd, env=None, timeout=300):
-    result = subprocess.run(
-        [*KEEL, *args],
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+"""Set by CI (see tests/docs): a prefix the quickstart filled, whose data stages are reused."""
 
 
 @pytest.fixture(scope="session")

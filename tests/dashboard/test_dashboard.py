@@ -6,8 +6,9 @@ import socket
 import subprocess
 
 import pyarrow as pa
+import pytest
 from browser import wait_for
-from conftest import JOB_OUTPUT, KEEL, keel
+from dashboard_support import JOB_OUTPUT, KEEL, keel, store_loss
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
@@ -16,16 +17,6 @@ from keel.telemetry import TelemetryStore
 from keel.telemetry.sink import METRICS_NAMESPACE, METRICS_SCHEMA, now
 
 LIVE_SECONDS = 5.0
-
-
-def store_loss(prefix, run):
-    """[steps, losses] of `run` in the telemetry store, ascending."""
-    with TelemetryStore(prefix / "telemetry") as store:
-        rows = store.query(
-            f"SELECT step, value FROM \"{METRICS_NAMESPACE}\" WHERE run = '{run}' "
-            "AND name = 'loss' ORDER BY step"
-        ).to_pydict()
-    return [rows["step"], rows["value"]]
 
 
 def chart_series(browser):
@@ -79,6 +70,29 @@ def test_chart_updates_while_the_page_is_open(browser, dashboard, prefix):
     )
     assert series[run] == store_loss(prefix, run)
     assert series[run][1][-1] == loss
+
+
+def test_smoothing_draws_the_moving_average_of_the_stored_values(browser, dashboard, prefix):
+    open_view(browser, dashboard, "runs")
+    run = str(prefix / "train-b")
+    wait_for(browser, lambda b: run in chart_series(b))
+    browser.execute_script(
+        "const s = document.getElementById('smoothing'); s.value = '0.5';"
+        "s.dispatchEvent(new Event('input'));"
+    )
+    steps, stored = store_loss(prefix, run)
+    average, expected = 0.0, []
+    for i, value in enumerate(stored):  # as W&B smooths: an EMA with bias correction
+        average = 0.5 * average + 0.5 * value
+        expected.append(average / (1 - 0.5 ** (i + 1)))
+    series = wait_for(browser, lambda b: chart_series(b)[run][1] != stored and chart_series(b))
+    assert series[run][0] == steps
+    assert series[run][1] == pytest.approx(expected, rel=1e-12)
+    browser.execute_script(
+        "const s = document.getElementById('smoothing'); s.value = '0';"
+        "s.dispatchEvent(new Event('input'));"
+    )
+    wait_for(browser, lambda b: chart_series(b)[run] == [steps, stored])
 
 
 def test_config_diff_of_the_two_runs(browser, dashboard, prefix):

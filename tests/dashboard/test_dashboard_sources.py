@@ -11,7 +11,7 @@ from datetime import datetime
 
 import pyarrow as pa
 import pytest
-from test_dashboard import store_loss
+from dashboard_support import store_loss
 
 from keel.cluster.logs import NAMESPACE, SCHEMA
 from keel.core.errors import UsageError
