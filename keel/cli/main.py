@@ -77,6 +77,10 @@ COMMANDS: dict[str, LazyCommand] = {
         "Scaling-law fits (Hoffmann et al. 2022) from a CSV of runs: params, tokens, loss "
         "[, flops]; see docs/scaling.md.",
     ),
+    "dashboard": LazyCommand(
+        "dashboard_commands",
+        "A web UI: runs and live metric charts, data-stage funnels, steps, jobs, logs and SQL.",
+    ),
     "cluster": LazyCommand("cluster_commands", "Run and inspect the job controller."),
     "job": LazyCommand("cluster_commands", "Submit, inspect and cancel jobs on the controller."),
     "logs": LazyCommand(

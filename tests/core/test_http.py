@@ -1,7 +1,8 @@
-"""The HTTP request layer's policy, on both servers that use it (the controller's job API and the
-telemetry server), over real sockets on 127.0.0.1: drive-by writes from web pages (text/plain,
-cross-origin, DNS rebinding) are refused and nothing is queued; bad lengths and bad input get a
-4xx with one line; tokens need `Bearer`; connections and query results are bounded."""
+"""The HTTP request layer's policy, on the servers that use it (the controller's job API, the
+telemetry server and the dashboard), over real sockets on 127.0.0.1: drive-by writes from web
+pages (text/plain, cross-origin, DNS rebinding) are refused and nothing is queued or run; bad
+lengths and bad input get a 4xx with one line; tokens need `Bearer`; connections and query
+results are bounded."""
 
 import http.client
 import json
@@ -15,6 +16,8 @@ import pytest
 from keel.cluster import state
 from keel.cluster.api import ControllerServer
 from keel.cluster.spec import JobSpec
+from keel.dashboard.server import DashboardServer
+from keel.dashboard.sources import Sources
 from keel.telemetry import StoreOptions, TelemetryStore
 from keel.telemetry.client import HttpTelemetry
 from keel.telemetry.server import TelemetryServer
@@ -29,6 +32,58 @@ def controller(tmp_path):
     server = ControllerServer(tmp_path / "controller").start()
     yield server
     server.stop()
+
+
+class CountingTelemetry:
+    """A telemetry store that counts the queries the dashboard ran (its only write endpoint,
+    POST /api/sql, runs one): what a drive-by request must never get to."""
+
+    def __init__(self, store):
+        self.store, self.root, self.queries = store, None, 0
+
+    def query(self, sql):
+        self.queries += 1
+        return self.store.query(sql)
+
+    def namespaces(self):
+        return self.store.namespaces()
+
+    def close(self):
+        pass
+
+
+class Writable:
+    """A server with a JSON write endpoint: the controller (POST /v1/jobs, a job spec) or the
+    dashboard (POST /api/sql, a SELECT). `taken()`: writes it acted on."""
+
+    def __init__(self, kind, tmp_path, store, token=None):
+        self.kind = kind
+        if kind == "controller":
+            self.server = ControllerServer(tmp_path / "controller", token=token).start()
+            self.path, self.body = "/v1/jobs", json.dumps(SPEC).encode()
+        else:
+            self.telemetry = CountingTelemetry(store)
+            sources = Sources(None, self.telemetry, "test")
+            self.server = DashboardServer(sources, token=token).start()
+            self.path, self.body = "/api/sql", json.dumps({"sql": "SELECT 1 AS one"}).encode()
+        self.url = self.server.url
+
+    def post(self, headers, host=None):
+        length = {"Content-Length": str(len(self.body))}
+        return raw(self.server, "POST", self.path, self.body, {**length, **headers}, host)
+
+    def taken(self):
+        return queued(self.server) if self.kind == "controller" else self.telemetry.queries
+
+    def stop(self):
+        self.server.stop()
+
+
+@pytest.fixture(params=["controller", "dashboard"])
+def writable(request, tmp_path, store):
+    target = Writable(request.param, tmp_path, store)
+    yield target
+    target.stop()
 
 
 @pytest.fixture
@@ -88,32 +143,36 @@ def assert_refused(answer, status, *fragments):
 # -- drive-by requests from a web page ----------------------------------------------------------
 
 
-def test_a_text_plain_job_post_is_refused_and_nothing_is_queued(controller):
+def test_a_text_plain_job_post_is_refused_and_nothing_is_queued(writable):
     """What a web page can send without a CORS preflight: a text/plain (or form) POST."""
     for kind in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded"):
-        assert_refused(post_job(controller, {"Content-Type": kind}), 415, "Content-Type")
-    assert_refused(post_job(controller, {}), 415, "Content-Type")
-    assert queued(controller) == 0
-    assert post_job(controller, JSON)[0] == 200  # the same job with a JSON type is taken
-    assert queued(controller) == 1
+        assert_refused(writable.post({"Content-Type": kind}), 415, "Content-Type")
+    assert_refused(writable.post({}), 415, "Content-Type")
+    assert writable.taken() == 0
+    assert writable.post(JSON)[0] == 200  # the same request with a JSON type is taken
+    assert writable.taken() == 1
 
 
-def test_a_cross_origin_job_post_is_refused_and_nothing_is_queued(controller):
-    for origin in ("http://evil.example", "null", f"{controller.url}.evil.example"):
-        assert_refused(post_job(controller, {**JSON, "Origin": origin}), 403, "Origin")
-    assert queued(controller) == 0
-    assert post_job(controller, {**JSON, "Origin": controller.url})[0] == 200
-    assert queued(controller) == 1
+def test_a_cross_origin_job_post_is_refused_and_nothing_is_queued(writable):
+    for origin in ("http://evil.example", "null", f"{writable.url}.evil.example"):
+        assert_refused(writable.post({**JSON, "Origin": origin}), 403, "Origin")
+    assert writable.taken() == 0
+    assert writable.post({**JSON, "Origin": writable.url})[0] == 200
+    assert writable.taken() == 1
 
 
-@pytest.mark.parametrize("kind", ["controller", "telemetry"])
+@pytest.mark.parametrize("kind", ["controller", "telemetry", "dashboard"])
 def test_a_foreign_host_is_refused_dns_rebinding(kind, controller, store):
-    server = controller if kind == "controller" else TelemetryServer(store).start()
+    if kind == "dashboard":
+        server = DashboardServer(Sources(None, CountingTelemetry(store), "test")).start()
+    else:
+        server = controller if kind == "controller" else TelemetryServer(store).start()
     try:
         port = address(server)[1]
         for host in (f"evil.example:{port}", "evil.example", f"localhost:{port + 1}", ""):
             assert_refused(post_job(server, JSON, host=host), 421, "Host")
             assert_refused(raw(server, "GET", "/v1/namespaces", host=host), 421, "Host")
+            assert_refused(raw(server, "GET", "/api/runs", host=host), 421, "Host")
         for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
             assert raw(server, "GET", "/v1/jobs/j-000001", host=host)[0] in (200, 404)
     finally:
@@ -150,13 +209,14 @@ def test_a_bad_job_spec_is_a_400_with_one_line(controller, spec, fragment):
     assert queued(controller) == 0
 
 
-def test_a_token_is_only_taken_as_bearer(tmp_path):
-    server = ControllerServer(tmp_path / "controller", token="s3cret").start()
+@pytest.mark.parametrize("kind", ["controller", "dashboard"])
+def test_a_token_is_only_taken_as_bearer(kind, tmp_path, store):
+    server = Writable(kind, tmp_path, store, token="s3cret")
     try:
         for given in ("s3cret", "Basic s3cret", "Bearer  s3cret", "Bearer s3cret ", "Bearers3cret"):
-            assert_refused(post_job(server, {**JSON, "Authorization": given}), 401, "Bearer")
-        assert queued(server) == 0
-        assert post_job(server, {**JSON, "Authorization": "Bearer s3cret"})[0] == 200
+            assert_refused(server.post({**JSON, "Authorization": given}), 401, "Bearer")
+        assert server.taken() == 0
+        assert server.post({**JSON, "Authorization": "Bearer s3cret"})[0] == 200
     finally:
         server.stop()
 

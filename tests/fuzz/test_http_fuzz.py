@@ -1,18 +1,22 @@
-"""Fuzzing both HTTP APIs over real sockets (Hypothesis, derandomized): random methods, paths,
-headers, lengths, content types and bodies; random JSON shapes and Arrow column types for
-telemetry writes; random SQL; random job specs. Never a 5xx, every error one JSON line, and a
-refused write stores nothing (row and job counts compared around each request)."""
+"""Fuzzing the HTTP APIs (telemetry, controller, dashboard) over real sockets (Hypothesis,
+derandomized): random methods, paths, headers, lengths, content types and bodies; random JSON
+shapes and Arrow column types for telemetry writes; random SQL; random job specs. Never a 5xx,
+every error one JSON line, and a refused write stores nothing (row and job counts compared around
+each request; the dashboard never changes the store)."""
 
 import json
 import string
 
 import pyarrow as pa
+import pytest
 from fuzz_support import FUZZ, assert_answered, exchange, queued_jobs, stored_rows
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keel.cluster import state
 from keel.cluster.spec import JobSpec
+from keel.dashboard.server import DashboardServer
+from keel.dashboard.sources import Sources
 from keel.telemetry.wire import arrow_stream
 
 NAMESPACES = ["fuzz.a", "fuzz.b", "fuzz.c"]
@@ -42,6 +46,25 @@ CONTROLLER_PATHS = [
     "/v1/jobs/j-000001/logs?replica=0&offset=99999999999999999999",
     "/v1/jobs/%00",
     "/v1/jobs/j-000001/cancel/more",
+]
+DASHBOARD_PATHS = [
+    "/",
+    "/static/dashboard.js",
+    "/static/..%2Fserver.py",
+    "/static/nope.js",
+    "/api/overview",
+    "/api/runs",
+    "/api/metric-names?run=x",
+    "/api/metrics?run=x'&name=loss&name=",
+    "/api/metrics",
+    "/api/config-diff?a=x",
+    "/api/stages",
+    "/api/steps",
+    "/api/jobs",
+    "/api/jobs/j-000001/logs",
+    "/api/search?q=%25'",
+    "/api/search?q=",
+    "/api/sql",
 ]
 CONTENT_TYPES = [
     None,
@@ -181,6 +204,24 @@ def test_random_requests_to_the_controller_api(controller, request):
     assert_answered(answer, data)
     submitted = answer is not None and answer[0] == 200 and path == "/v1/jobs"
     assert queued_jobs(controller) == before + submitted, (answer, data[:500])
+
+
+@pytest.fixture(scope="module")
+def dashboard(telemetry):
+    """The dashboard over the fuzzed telemetry server's store (no prefix: no steps or jobs)."""
+    with DashboardServer(Sources(None, telemetry.store, "fuzz")) as server:
+        yield server
+
+
+@settings(FUZZ, max_examples=100)
+@given(request=requests(DASHBOARD_PATHS))
+def test_random_requests_to_the_dashboard(dashboard, telemetry, request):
+    data, half_close, _ = request
+    data = _fill(data, dashboard)
+    before = stored_rows(telemetry.store)
+    answer = exchange(dashboard, data, half_close)
+    assert_answered(answer, data)
+    assert stored_rows(telemetry.store) == before, (answer, data[:500])
 
 
 def _post(server, path: str, body: bytes, kind: str) -> tuple[bytes, tuple | None]:

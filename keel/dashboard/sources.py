@@ -1,0 +1,62 @@
+"""What the dashboard reads: a prefix directory (`--root`, e.g. keel-out) or a telemetry server.
+
+A prefix holds the step store (committed outputs and .keel/ control records), the telemetry store
+at `<prefix>/telemetry` (where `keel run` and the quickstart report) and the controller's state at
+`<prefix>/cluster` (`keel job`'s default root, keel-out/cluster). With `--url` only telemetry is
+there: runs and their metrics, log search and SQL; steps, data stages and jobs are empty.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from keel.core.errors import UsageError
+from keel.telemetry.client import Telemetry, connect
+
+TELEMETRY_DIR = "telemetry"
+CLUSTER_DIR = "cluster"
+
+
+@dataclass(frozen=True)
+class Sources:
+    """`root`: the prefix (None with --url). `telemetry`: the store or server (None when the
+    prefix has no telemetry store yet). `label`: what the page's title says it shows."""
+
+    root: Path | None
+    telemetry: Telemetry | None
+    label: str
+
+    @property
+    def cluster_root(self) -> Path | None:
+        """The controller's state directory under the prefix, if there is one."""
+        if self.root is None or not (self.root / CLUSTER_DIR).is_dir():
+            return None
+        return self.root / CLUSTER_DIR
+
+    def close(self) -> None:
+        if self.telemetry is not None:
+            self.telemetry.close()
+
+
+def open_sources(root: str | None, url: str | None, token: str | None = None) -> Sources:
+    """Sources for `--root DIR` or `--url URL` (one of them; neither: ./keel-out)."""
+    if root is not None and url is not None:
+        raise UsageError("give --root or --url, not both")
+    if url is not None:
+        return Sources(None, connect(url, token=token), url)
+    prefix = Path(root or "keel-out")
+    if not prefix.is_dir():
+        raise UsageError(
+            f"{prefix}: no such directory: pass the prefix your runs wrote (e.g. --root keel-out)"
+        )
+    prefix = prefix.resolve()
+    store = prefix / TELEMETRY_DIR
+    telemetry = connect(str(store), token=token) if store.is_dir() else None
+    return Sources(prefix, telemetry, os.fspath(prefix))
+
+
+def sql_text(value: str) -> str:
+    """`value` as a SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
