@@ -123,9 +123,12 @@ def report_command(
     experiment: str = typer.Argument(..., metavar="ID", help="The record's id."),
     as_json: bool = JSON,
 ) -> None:
-    """Write the record's report: report/report.md and a self-contained report/report.html
-    (loss and eval curves against the baseline, router load and drops, data stages, config
-    diffs, what reproduces each run; failed and stopped runs marked)."""
+    """Write the record's report: report/report.md and a self-contained report/report.html.
+
+    Every training run with its final metrics (failed and stopped ones marked), loss and eval
+    curves against the baseline, router load and drops, data stages, config diffs against the
+    baseline, and the git commits, commands and step hashes that reproduce each run.
+    """
     from keel.records.report import write_report  # matplotlib: only this command needs it
 
     record = find_record(records_root(), experiment)

@@ -199,3 +199,25 @@ def test_report_to_wandb_without_wandb_says_how_to_install(monkeypatch):
         check_report_target("wandb")
     with pytest.raises(UsageError, match="use one of wandb"):
         check_report_target("tensorboard")
+
+
+def test_a_stopped_training_run_is_reported_with_its_curve_and_marked(tmp_path):
+    """A step stopped by SIGTERM: its run is in the step's work directory, not committed."""
+    from keel.records.record import new_record
+    from keel.records.report import write_report
+    from keel.records.runs import finish_invocation, start_invocation
+    from keel.steps import RunReport, Step, StepStore
+
+    record = new_record(tmp_path / "experiments", "stop", "Stopped runs are kept")
+    step = Step("train", print, {"lr": 1})
+    work = Path(StepStore(str(tmp_path / "out")).control(step.dir_name), "work")
+    work.mkdir(parents=True)
+    lines = [{"step": s, "loss": 5.0 - s} for s in (1, 2, 3)]
+    (work / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    run = start_invocation(record, "exp.py", str(tmp_path / "out"), ["keel", "run"], None)
+    stopped = RunReport(failed=["train"], errors={step.dir_name: "Stopped: stopped by SIGTERM"})
+    assert finish_invocation(record, run, [step], stopped) == "stopped"
+    markdown = write_report(record).markdown.read_text()
+    row = next(line for line in markdown.splitlines() if line.startswith(f"| {step.dir_name}"))
+    assert "| STOPPED | 3 | 2.0000 |" in row
+    assert "![training loss against step](loss.png)" in markdown
