@@ -110,10 +110,11 @@ def _running_steps(invocation, store: StepStore) -> list[dict[str, Any]]:
     if invocation.outcome != RUNNING:
         return []
     control = paths.join(store.prefix, ".keel", "steps")
+    attempts = [store.attempt_record(name) for name in _listed(control)]
     found = []
-    for dir_name in paths.list_dir(control) if paths.exists(control) else []:
-        attempt = store.attempt_record(dir_name)
-        if attempt is not None and attempt.start_time >= invocation.started:
+    for attempt in sorted(filter(None, attempts), key=lambda attempt: attempt.start_time):
+        dir_name = attempt.name + "-" + attempt.identity[:8]
+        if attempt.start_time >= invocation.started:
             outcome = {"RUNNING": "running", "SUCCESS": "executed"}.get(attempt.status, "failed")
             found.append(
                 {
@@ -126,6 +127,10 @@ def _running_steps(invocation, store: StepStore) -> list[dict[str, Any]]:
                 }
             )
     return found
+
+
+def _listed(directory: str) -> list[str]:
+    return paths.list_dir(directory) if paths.exists(directory) else []
 
 
 def _work(store: StepStore, step: dict[str, Any]) -> str:

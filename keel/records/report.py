@@ -102,7 +102,7 @@ def report_blocks(data: ExperimentData, directory: Path) -> list[Block]:
         blocks.append(Text("No training run yet: `keel run FILE.py --experiment ID` adds them."))
     else:
         blocks.append(_runs_table(runs, baseline, directory))
-    failed = [step for step in data.steps if step["outcome"] not in ("executed", "cached")]
+    failed = [step for step in data.steps if step["outcome"] in ("failed", "stopped", "not run")]
     if failed:
         blocks += [
             Heading("Failed and stopped steps"),
