@@ -8,6 +8,7 @@ step that fails); the tests read what it left.
 
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -221,3 +222,20 @@ def test_a_stopped_training_run_is_reported_with_its_curve_and_marked(tmp_path):
     row = next(line for line in markdown.splitlines() if line.startswith(f"| {step.dir_name}"))
     assert "| STOPPED | 3 | 2.0000 |" in row
     assert "![training loss against step](loss.png)" in markdown
+
+
+def test_step_jobs_on_a_cluster_carry_the_experiment_id(tmp_path):
+    """`keel run --cluster local --experiment ID`: the job row's environment and the step's
+    record name the experiment (the embedded controller exits once idle)."""
+    record = _new_record(tmp_path, "jobs", "Jobs carry the id")
+    (tmp_path / "one.py").write_text(
+        "from pathlib import Path\nfrom keel.steps import Step\n\n\n"
+        "def write(config, output):\n    Path(output, 'n.txt').write_text(str(config['n']))\n\n\n"
+        "STEPS = [Step('one', write, {'n': 1})]\n"
+    )
+    keel(tmp_path, "run", "one.py", "--cluster", "local", "--experiment", record["id"])
+    database = sqlite3.connect(tmp_path / "keel-out/cluster/state.db")
+    ((spec,),) = database.execute("SELECT spec FROM jobs").fetchall()
+    assert json.loads(spec)["env"]["KEEL_EXPERIMENT"] == record["id"]
+    step = json.loads(next(tmp_path.glob("keel-out/one-*/.keel/step.json")).read_text())
+    assert step["experiment"] == record["id"]
