@@ -16,7 +16,14 @@ import yaml
 
 from keel.core import paths
 from keel.records.record import ExperimentRecord
-from keel.records.runs import FAILED, RUNNING, STOPPED, STOPPED_ERROR, read_invocations
+from keel.records.runs import (
+    FAILED,
+    RUNNING,
+    STOPPED,
+    STOPPED_ERROR,
+    Invocation,
+    read_invocations,
+)
 from keel.steps import StepStore
 
 METRICS_FILE, CONFIG_FILE, RESULT_FILE, STAGE_FILE = (
@@ -69,7 +76,7 @@ class DataStage:
 @dataclass
 class ExperimentData:
     record: ExperimentRecord
-    invocations: list
+    invocations: list[Invocation]
     runs: list[TrainingRun]
     stages: list[DataStage]
     baseline: TrainingRun | None
@@ -105,7 +112,7 @@ def collect(record: ExperimentRecord) -> ExperimentData:
     )
 
 
-def _running_steps(invocation, store: StepStore) -> list[dict[str, Any]]:
+def _running_steps(invocation: Invocation, store: StepStore) -> list[dict[str, Any]]:
     """An unfinished invocation lists no steps: the attempts it started, from their records."""
     if invocation.outcome != RUNNING:
         return []
@@ -137,7 +144,7 @@ def _work(store: StepStore, step: dict[str, Any]) -> str:
     return paths.join(store.control(step["dir_name"]), "work")
 
 
-def _training_run(step: dict, place: str, committed: bool, invocation) -> TrainingRun:
+def _training_run(step: dict, place: str, committed: bool, invocation: Invocation) -> TrainingRun:
     error = step.get("error")
     if committed:
         state = "finished"
