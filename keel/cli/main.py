@@ -65,6 +65,10 @@ COMMANDS: dict[str, LazyCommand] = {
         "export_commands",
         "Export a trained run's checkpoint (hf: safetensors, config.json, tokenizer files).",
     ),
+    "experiment": LazyCommand(
+        "experiment_commands",
+        "Experiment records: a hypothesis, the runs that test it, and their report.",
+    ),
     "runs": LazyCommand(
         "runs_commands",
         "Commands about existing training runs: where a run branched from (lineage).",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -15,8 +16,11 @@ from keel.cluster.backend import require_ray
 from keel.cluster.steps import ClusterSteps
 from keel.core import paths
 from keel.core.errors import UsageError
+from keel.core.experiment_id import EXPERIMENT_ENV
 from keel.core.stop import install_handler as install_stop_handler
 from keel.flow.runner import BACKEND_ENV
+from keel.records.record import ExperimentRecord, find_record, records_root
+from keel.records.runs import finish_invocation, start_invocation
 from keel.steps import (
     RunReport,
     Step,
@@ -29,6 +33,7 @@ from keel.steps import (
     run,
 )
 from keel.steps.executor import Execute
+from keel.steps.experiment import load_experiment_file
 from keel.steps.gc import UnusedOutput, remove_output, unused_outputs
 from keel.steps.record import git_commit
 from keel.steps.store import StepEntry
@@ -60,6 +65,13 @@ BACKEND = typer.Option(
 )
 SET = typer.Option(
     [], "--set", help="Override a step's config: STEP.key=value (repeatable), type-checked."
+)
+EXPERIMENT = typer.Option(
+    None,
+    "--experiment",
+    metavar="ID",
+    help="Run for this experiment record (`keel experiment new`; default: the file's "
+    "EXPERIMENT): the run joins the record's runs and its steps carry the id.",
 )
 
 
@@ -96,6 +108,7 @@ def run_command(
         "settings are passed already, except those named like a secret (*TOKEN*, *SECRET*, "
         "*KEY*, *PASSWORD*), which go only when named here.",
     ),
+    experiment_id: str | None = EXPERIMENT,
 ) -> None:
     """Run the steps an experiment file declares; committed steps are reused, not re-run.
 
@@ -103,9 +116,13 @@ def run_command(
       keel run experiments/my_exp.py --prefix /data/keel --max-parallel 4 --set train.lr=3e-4
       keel run experiments/my_exp.py --cluster local --max-parallel 2
       keel run experiments/my_exp.py --cluster gpu --forward-env KEEL_TELEMETRY_TOKEN
+      keel run experiments/my_exp.py --experiment 20261202-01
     """
     _use_backend(backend)
-    steps = override_steps(load_experiment(experiment), overrides)
+    record = _experiment_record(experiment_id)  # an unknown id fails before the file loads
+    loaded, declared = load_experiment_file(experiment)
+    record = record or _experiment_record(declared)
+    steps = override_steps(loaded, overrides)
     execute = None
     if cluster is not None:
         execute = ClusterSteps(
@@ -117,7 +134,17 @@ def run_command(
             config=cluster_config,
             forward=forward_env,
         )
-    _run_steps(steps, prefix, dry_run, force, max_parallel, as_json, experiment.parent, execute)
+    _run_steps(
+        steps,
+        prefix,
+        dry_run,
+        force,
+        max_parallel,
+        as_json,
+        experiment.parent,
+        execute,
+        _Invocation(record, str(experiment)) if record else None,
+    )
 
 
 @user_errors
@@ -129,17 +156,32 @@ def quickstart_command(
     backend: str | None = BACKEND,
     overrides: list[str] = SET,
     as_json: bool = JSON,
+    experiment_id: str | None = EXPERIMENT,
 ) -> None:
     """Run the main job end to end on the bundled sample (keel/experiments/quickstart.py).
 
-    Example: keel quickstart --prefix /tmp/keel-demo
+    Examples:
+      keel quickstart --prefix /tmp/keel-demo
+      keel quickstart --experiment 20261202-01 --set train.optimizer.name=muon
     """
     _use_backend(backend)
+    record = _experiment_record(experiment_id)
     telemetry = _report_to_telemetry(prefix, dry_run)
     source = resources.files("keel.experiments") / "quickstart.py"
     with resources.as_file(source) as experiment:
         steps = override_steps(load_experiment(experiment), overrides)
-        report = _run_steps(steps, prefix, dry_run, force, max_parallel, as_json, experiment.parent)
+        invocation = _Invocation(record, "keel quickstart") if record else None
+        report = _run_steps(
+            steps,
+            prefix,
+            dry_run,
+            force,
+            max_parallel,
+            as_json,
+            experiment.parent,
+            None,
+            invocation,
+        )
     if report is not None and not as_json:
         _show_quickstart_summary(prefix, steps, telemetry)
 
@@ -286,6 +328,42 @@ def _use_backend(backend: str | None) -> None:
     os.environ[BACKEND_ENV] = backend
 
 
+class _Invocation:
+    """A run made for an experiment record: KEEL_EXPERIMENT set for the steps (and the jobs and
+    training runs they start), the run's `started` and `finished` lines in its runs.jsonl."""
+
+    def __init__(self, record: ExperimentRecord, experiment_file: str) -> None:
+        self.record = record
+        self.experiment_file = experiment_file
+
+    def run(
+        self, steps: list[Step], prefix: str, commit: str | None, **options: object
+    ) -> RunReport:
+        os.environ[EXPERIMENT_ENV] = self.record.id
+        command = ["keel", *sys.argv[1:]]
+        started = start_invocation(
+            self.record, self.experiment_file, _absolute(prefix), command, commit
+        )
+        report = None
+        try:
+            report = run(steps, prefix, git_commit=commit, experiment=self.record.id, **options)
+        finally:  # a run ended by an exception (Ctrl-C) is recorded as stopped
+            finish_invocation(self.record, started, steps, report)
+        return report
+
+
+def _experiment_record(experiment_id: str | None) -> ExperimentRecord | None:
+    """The record `--experiment` (or the file's EXPERIMENT) names; UsageError if unknown."""
+    return None if experiment_id is None else find_record(records_root(), experiment_id)
+
+
+def _absolute(prefix: str) -> str:
+    """`prefix` as a path a record can find again from anywhere (URLs unchanged)."""
+    if paths.is_local(prefix):
+        return str(paths.local_path(prefix).resolve())
+    return paths.normalize(prefix)
+
+
 def _run_steps(
     steps: list[Step],
     prefix: str,
@@ -295,20 +373,19 @@ def _run_steps(
     as_json: bool,
     experiment_dir: Path,
     execute: Execute | None = None,
+    invocation: _Invocation | None = None,
 ) -> RunReport | None:
     all_steps(steps)  # computes every identity now: an unhashable config fails before any work
     if dry_run:
         _show_plan(steps, prefix, force, as_json)
         return None
     install_stop_handler()  # SIGTERM: a training step checkpoints and stops (keel.core.stop)
-    report = run(
-        steps,
-        prefix,
-        force=force,
-        max_parallel=max_parallel,
-        git_commit=git_commit(experiment_dir),
-        execute=execute,
-    )
+    options = {"force": force, "max_parallel": max_parallel, "execute": execute}
+    commit = git_commit(experiment_dir)
+    if invocation is not None:
+        report = invocation.run(steps, prefix, commit, **options)
+    else:
+        report = run(steps, prefix, git_commit=commit, **options)
     if as_json:
         print_json(report.summary())
     else:

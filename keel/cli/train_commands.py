@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from importlib import resources
 
@@ -132,6 +133,13 @@ def train_command(
         help="With --gate: the most memory a device may need (XLA's estimate) or use (its peak), "
         "e.g. 80GB or 141GiB.",
     ),
+    report_to: str | None = typer.Option(
+        None,
+        "--report-to",
+        metavar="TARGET",
+        help="Also mirror the run's metrics and config to: wandb (needs `pip install "
+        "'keel[wandb]'`; WANDB_MODE=offline works without an account).",
+    ),
     prefix: str = PREFIX,
     as_json: bool = typer.Option(False, "--json", help="Print the final metrics as JSON."),
 ) -> None:
@@ -147,8 +155,13 @@ def train_command(
       keel train --preset tiny-moe --print-config > run.yaml   # every key, to edit
       keel train run.yaml --gate 20 --memory-limit 80GB   # qualify it before a long run
       keel train cooldown.yaml --from runs/main:2000 --output runs/cool   # a branch
+      keel train --preset tiny-dense --report-to wandb   # metrics and config to W&B too
     """
     style = parse_progress(progress_form, quiet)
+    if report_to is not None:
+        from keel.train.wandb_report import check_report_target
+
+        check_report_target(report_to)
     branch = None if branch_from is None else parse_branch_point(branch_from)
     config, name = load_train_config(config_file, preset_name, overrides)
     if steps is not None:
@@ -205,7 +218,7 @@ def train_command(
         if gang.process != 0:  # it trains; process 0 reports
             train(config, output, branch=branch)
             return
-    with ProgressDisplay(style) as progress:
+    with ProgressDisplay(style) as progress, _mirror(report_to, config, output, name) as mirror:
         shown = progress.task("train", config.total_steps)
 
         def on_step(line: dict) -> None:
@@ -214,6 +227,8 @@ def train_command(
                 loss=f"loss {line['loss']:.3f}",
                 speed=f"{line['tokens_per_s']:,.0f} tokens/s",
             )
+            if mirror is not None:
+                mirror.log(line)
 
         result = train(config, output, on_step=on_step, branch=branch)
     if as_json:
@@ -233,6 +248,17 @@ def train_command(
         f"trained {output} to step {last['step']}{resumed}: loss {last['loss']:.3f}{evaluation}\n"
         f"metrics: {paths.join(output, 'metrics.jsonl')}"
     )
+
+
+def _mirror(
+    report_to: str | None, config: TrainConfig, output: str, name: str
+) -> AbstractContextManager:
+    """The W&B run mirroring this one (`--report-to wandb`), or nothing."""
+    if report_to is None:
+        return nullcontext()
+    from keel.train.wandb_report import WandbRun
+
+    return WandbRun(config, output, name)
 
 
 def _report_data(resolved: list[ResolvedData]) -> None:

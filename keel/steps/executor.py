@@ -122,12 +122,14 @@ def run(
     lock_settings: LockSettings | None = None,
     git_commit: str | None = None,
     execute: Execute | None = None,
+    experiment: str | None = None,
 ) -> RunReport:
     """Run `roots` and their dependencies under `prefix`; see the module docstring.
 
     `execute(step, config, staging)` runs one step's function with its resolved config into its
     staging directory; by default in this process. keel/cluster passes one that runs it as a job
-    (locks, caching and the commit stay here either way)."""
+    (locks, caching and the commit stay here either way). `experiment` is the id of the
+    experiment record the run is for: written into each attempt's record, not its identity."""
     if max_parallel < 1:
         raise UsageError(f"--max-parallel must be at least 1, got {max_parallel}")
     runner = _Runner(
@@ -136,6 +138,7 @@ def run(
         lock_settings or LockSettings(),
         git_commit,
         execute or _in_process,
+        experiment,
     )
     return runner.run_all(all_steps(roots), max_parallel)
 
@@ -161,8 +164,10 @@ class _Runner:
         lock_settings: LockSettings,
         git_commit: str | None,
         execute: Execute,
+        experiment: str | None = None,
     ) -> None:
         self.execute = execute
+        self.experiment = experiment
         self.store = store
         self.forced = forced
         self.lock_settings = lock_settings
@@ -284,4 +289,5 @@ class _Runner:
             keel_version=keel_version(),
             git_commit=self.git_commit,
             start_time=utc_now(),
+            experiment=self.experiment,
         )

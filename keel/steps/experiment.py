@@ -21,10 +21,18 @@ from keel.core.errors import ConfigError, KeelError, UsageError
 from keel.steps.step import Step, StepRef, all_steps, map_references
 
 STEPS_VARIABLE = "STEPS"
+EXPERIMENT_VARIABLE = "EXPERIMENT"
+"""Optional: the id of the experiment record the file serves (`keel experiment new`)."""
 
 
 def load_experiment(path: str | Path) -> list[Step]:
     """Import the experiment file at `path` and return its STEPS; UsageError when it cannot."""
+    return load_experiment_file(path)[0]
+
+
+def load_experiment_file(path: str | Path) -> tuple[list[Step], str | None]:
+    """Import the experiment file at `path`: its STEPS and its EXPERIMENT id (None when it
+    names none); UsageError when it cannot."""
     file = Path(path)
     if not file.is_file():
         raise UsageError(f"experiment file not found: {path}")
@@ -62,7 +70,10 @@ def load_experiment(path: str | Path) -> list[Step]:
         )
     if not isinstance(steps, (list, tuple)) or not all(isinstance(s, Step) for s in steps):
         raise UsageError(f"{path}: {STEPS_VARIABLE} must be a list of keel.steps.Step objects")
-    return list(steps)
+    experiment = getattr(module, EXPERIMENT_VARIABLE, None)
+    if experiment is not None and not isinstance(experiment, str):
+        raise UsageError(f"{path}: {EXPERIMENT_VARIABLE} must be a string (an experiment id)")
+    return list(steps), experiment
 
 
 def override_steps(roots: Sequence[Step], overrides: Sequence[str]) -> list[Step]:

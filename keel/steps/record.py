@@ -1,8 +1,9 @@
 """The provenance record of a step attempt, stored as `.keel/step.json`.
 
 One record per attempt: what ran (name, identity, config as hashed, dependencies), with what
-(keel version, git commit of the experiment), where (host, pid, output path), when (start and end,
-UTC), and how it ended (status; error and traceback on failure).
+(keel version, git commit of the experiment), for what (the experiment record, if any), where
+(host, pid, output path), when (start and end, UTC), and how it ended (status; error and
+traceback on failure).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class StepRecord:
     end_time: str | None = None
     error: str | None = None
     traceback: str | None = None
+    experiment: str | None = None
+    """The experiment record the attempt ran for (provenance only, never in the identity)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:

@@ -37,6 +37,7 @@ import numpy as np
 from keel.core import paths
 from keel.core.config import dump_config, load_config
 from keel.core.errors import ConfigError, UsageError
+from keel.core.experiment_id import current_experiment
 from keel.core.stop import Stopped, stop_requested, stoppable
 from keel.core.stop import install_handler as install_stop_handler
 from keel.data.token_cache import TokenCache
@@ -48,7 +49,7 @@ from keel.train.branch import BranchPoint, branch_event, branch_state, parent_co
 from keel.train.checkpoint import Checkpoints, TrainState
 from keel.train.compile_cache import enable_compilation_cache
 from keel.train.config import Phase, TrainConfig, cache_name
-from keel.train.events import append_event
+from keel.train.events import append_event, read_events
 from keel.train.layout import RunLayout, initial_state, place_batch
 from keel.train.loader import MixtureLoader, WindowRange, check_cache, scored_batches, split_windows
 from keel.train.midrun import check_resume_changes, data_positions
@@ -62,6 +63,10 @@ logger = logging.getLogger(__name__)
 
 EVENTS_NAMESPACE = "train.events"
 """Telemetry namespace of a run's events (branches), beside train.metrics."""
+EXPERIMENT_EVENT = "experiment"
+"""events.jsonl: the run (re)started for an experiment record (`keel run --experiment ID`)."""
+EXPERIMENT_NAMESPACE = "experiment.runs"
+"""Telemetry namespace tying a run (train.metrics' `run`) to the experiment it trained for."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,8 @@ def train(
             _report_event(config, output, event)
     elif config.init_from:
         state = _start_from(config.init_from, state)
+    if primary:
+        _record_experiment(config, output, int(state.step))
     metrics_path = checkpoints.run.local_file(METRICS_FILE)  # uploaded with each checkpoint
     if primary:
         _truncate_metrics(metrics_path, int(state.step))
@@ -391,6 +398,21 @@ def _report_event(config: TrainConfig, output: str, event: dict[str, Any]) -> No
     target = _telemetry_target(config)
     if target:
         write_record(target, EVENTS_NAMESPACE, {"run": step_output() or output, **event})
+
+
+def _record_experiment(config: TrainConfig, output: str, step: int) -> None:
+    """Under an experiment record (keel.core.experiment_id): an `experiment` event in the run's
+    events.jsonl and a row of telemetry's experiment.runs, once per experiment the run serves."""
+    experiment = current_experiment()
+    if experiment is None:
+        return
+    if any(e["experiment"] == experiment for e in read_events(output, EXPERIMENT_EVENT)):
+        return
+    append_event(output, {"event": EXPERIMENT_EVENT, "step": step, "experiment": experiment})
+    target = _telemetry_target(config)
+    if target:
+        run = step_output() or output
+        write_record(target, EXPERIMENT_NAMESPACE, {"run": run, "experiment": experiment})
 
 
 def _start_from(run_dir: str, fresh: TrainState) -> TrainState:
