@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from keel.model.dispatch import exchange_capacities
-from keel.model.sharding import EXPERT_AXIS, MESH_AXES
+from keel.model.sharding import ALL_AXES, EXPERT_AXIS
 from keel.model.size import flops_per_token, model_size
 from keel.model.transformer import init_params, init_router_bias, param_labels
 from keel.train.checkpoint import TrainState
@@ -246,7 +246,7 @@ def describe(step: CompiledStep) -> RunPlan:
     if memory is None:
         raise RuntimeError(f"XLA reported no memory analysis on {platform}")
     size = model_size(config.model)
-    mesh_sizes = {axis: int(step.layout.mesh.shape[axis]) for axis in MESH_AXES}
+    mesh_sizes = {axis: int(step.layout.mesh.shape[axis]) for axis in ALL_AXES}
     per_token = flops_per_token(config.model, seq_len)
     param_bytes = sharded_bytes(state.params)
     opt_kinds = {s.memory_kind for s in jax.tree.leaves(step.layout.state.opt_state)}
