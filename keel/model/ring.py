@@ -82,7 +82,7 @@ def _ring(q, k, v, segments, *, parts: int):
     me = jax.lax.axis_index(SEQUENCE_AXIS)
     chunk = q.shape[1] // 2
     own = _positions(me, chunk, parts)
-    out, lse = _partial(q, k, v, own, own, segments, segments)
+    out, lse = jax.checkpoint(_partial)(q, k, v, own, own, segments, segments)
     ring = [(device, (device + 1) % parts) for device in range(parts)]
 
     @jax.checkpoint
@@ -104,11 +104,8 @@ def _ring(q, k, v, segments, *, parts: int):
             o = jnp.concatenate([jnp.zeros_like(o), o], axis=1)
             return o, jnp.concatenate([jnp.full_like(m, _MASKED), m], axis=1)
 
-        part_out, part_lse = jax.lax.cond(source < me, earlier, later, None)
-        merged = jnp.logaddexp(lse, part_lse)
-        weight, part_weight = jnp.exp(lse - merged), jnp.exp(part_lse - merged)
-        out = out * weight[..., None] + part_out * part_weight[..., None]
-        return (out, merged, k, v, key_segments), None
+        out, lse = _merge((out, lse), jax.lax.cond(source < me, earlier, later, None))
+        return (out, lse, k, v, key_segments), None
 
     (out, _, _, _, _), _ = jax.lax.scan(
         step, (out, lse, k, v, segments), jnp.arange(1, parts, dtype=jnp.int32)
@@ -126,7 +123,50 @@ def _partial(q, k, v, q_positions, k_positions, q_segments, k_segments):
     """Attention of q [b, Sq, H, D] over k, v [b, Sk, H_kv, D] where a key is visible to a query
     at or after its position in the same segment: (output [b, Sq, H, D] float32, normalised
     over the visible keys; log-sum-exp of the scores [b, Sq, H] float32, _MASKED for a row that
-    sees none)."""
+    sees none). Keys are taken KEY_BLOCK at a time (an online softmax over the blocks, each
+    rematerialised in the backward pass), so the scores in memory are [Sq, KEY_BLOCK]."""
+    keys = k.shape[1]
+    block = _key_block(keys)
+    if block == keys:
+        return _block(q, k, v, q_positions, k_positions, q_segments, k_segments)
+    count = keys // block
+
+    def blocks(x, axis):
+        shape = (*x.shape[:axis], count, block, *x.shape[axis + 1 :])
+        return jnp.moveaxis(x.reshape(shape), axis, 0)
+
+    @jax.checkpoint
+    def step(carry, key_block):
+        kb, vb, pb, sb = key_block
+        part = _block(q, kb, vb, q_positions, pb, q_segments, sb)
+        return _merge(carry, part), None
+
+    # *_like: the carry varies over the mesh axes q varies over (shard_map's type check).
+    init = (jnp.zeros_like(q, jnp.float32), jnp.full_like(q[..., 0], _MASKED, jnp.float32))
+    xs = (blocks(k, 1), blocks(v, 1), blocks(k_positions, 0), blocks(k_segments, 1))
+    return jax.lax.scan(step, init, xs)[0]
+
+
+KEY_BLOCK = 512
+"""Keys per block of `_partial` (at most): its scores are [batch, heads, Sq, KEY_BLOCK] f32."""
+
+
+def _key_block(keys: int) -> int:
+    """The largest block of at most KEY_BLOCK keys that divides `keys`."""
+    return next(size for size in range(min(keys, KEY_BLOCK), 0, -1) if keys % size == 0)
+
+
+def _merge(a, b):
+    """Two partial attentions (output, log-sum-exp) of the same queries over disjoint keys ->
+    their attention over both keys."""
+    (out_a, lse_a), (out_b, lse_b) = a, b
+    merged = jnp.logaddexp(lse_a, lse_b)
+    weight_a, weight_b = jnp.exp(lse_a - merged), jnp.exp(lse_b - merged)
+    return out_a * weight_a[..., None] + out_b * weight_b[..., None], merged
+
+
+def _block(q, k, v, q_positions, k_positions, q_segments, k_segments):
+    """`_partial` over one block of keys, its scores whole."""
     batch, q_len, n_heads, head_dim = q.shape
     n_kv_heads = k.shape[2]
     group = n_heads // n_kv_heads

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from mesh_support import small_dense
 
+from keel.model import ring
 from keel.model.blockwise import reference_attention
 from keel.model.ring import ring_attention, zigzag_order
 from keel.model.sharding import MeshConfig, build_mesh
@@ -33,7 +34,11 @@ def _documents(seed: int) -> jax.Array:
 
 
 @pytest.mark.parametrize("n_heads,n_kv_heads,documents", [(4, 4, False), (4, 2, True)])
-def test_ring_over_4_devices_equals_reference_forward_and_gradients(n_heads, n_kv_heads, documents):
+def test_ring_over_4_devices_equals_reference_forward_and_gradients(
+    n_heads, n_kv_heads, documents, monkeypatch
+):
+    # Chunks of 8 tokens: a device's own 16 keys take 2 key blocks, a visiting chunk's 8 one.
+    monkeypatch.setattr(ring, "KEY_BLOCK", 8)
     mesh = build_mesh(MeshConfig(data=1, sequence=4), jax.devices()[:4])
     keys = jax.random.split(jax.random.key(n_kv_heads), 4)
     q = jax.random.normal(keys[0], (BATCH, SEQ, n_heads, HEAD_DIM))
@@ -44,7 +49,7 @@ def test_ring_over_4_devices_equals_reference_forward_and_gradients(n_heads, n_k
     order = zigzag_order(SEQ, 4)
     back = np.argsort(order)
 
-    def ring(q, k, v):
+    def ringed(q, k, v):
         zigzag = None if segments is None else segments[:, order]
         out = ring_attention(q[:, order], k[:, order], v[:, order], zigzag, mesh)[:, back]
         return (out * cotangent).sum(), out
@@ -53,8 +58,8 @@ def test_ring_over_4_devices_equals_reference_forward_and_gradients(n_heads, n_k
         out = reference_attention(q, k, v, segments)
         return (out * cotangent).sum(), out
 
-    (_, got), got_grads = jax.jit(jax.value_and_grad(ring, (0, 1, 2), has_aux=True))(q, k, v)
-    (_, want), want_grads = jax.value_and_grad(reference, (0, 1, 2), has_aux=True)(q, k, v)
+    (_, got), got_grads = jax.jit(jax.value_and_grad(ringed, (0, 1, 2), has_aux=True))(q, k, v)
+    (_, want), want_grads = jax.jit(jax.value_and_grad(reference, (0, 1, 2), has_aux=True))(q, k, v)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
     for name, g, w in zip("qkv", got_grads, want_grads, strict=True):
         np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5, err_msg=f"d{name}")
@@ -82,7 +87,7 @@ def test_training_step_with_sequence_2_equals_one_device(wikitext_cache):
         return jax.device_get((metrics["loss"], metrics["grad_norm"], state.params))
 
     want = one_step(MeshConfig(data=1), 1)
-    got = one_step(MeshConfig(data=2, sequence=2), 4)
+    got = one_step(MeshConfig(data=1, sequence=2), 2)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
 
