@@ -12,7 +12,8 @@ Work per step: at step 0 a device attends its own two chunks causally. At step s
 keys of device j = (i - s) mod n: when j < i, all of its queries see j's first chunk and none of
 its second; when j > i, only its second chunk's queries see anything, and they see all of j's.
 Either way one unmasked (2c x c) block, c = seq_len / 2n: every device does the same work at
-every step.
+every step. Within a block the keys go KEY_BLOCK at a time (an online softmax again), so the
+scores a device holds are [2c, KEY_BLOCK].
 
 Gradients: JAX differentiates the ring loop (the ppermutes transpose to the reverse ring); each
 step is rematerialised (jax.checkpoint), so the backward pass keeps each step's carry (the
