@@ -86,8 +86,11 @@ class MeshConfig:
         return (self.data, self.fsdp, self.expert, self.sequence)
 
     def _text(self) -> str:
+        """ "data 2 x fsdp 1 x expert 4", with "x sequence n" when the sequence axis is set."""
         return " x ".join(
-            f"{name} {size}" for name, size in zip(ALL_AXES, self._sizes(), strict=True)
+            f"{name} {size}"
+            for name, size in zip(ALL_AXES, self._sizes(), strict=True)
+            if name != SEQUENCE_AXIS or size != 1
         )
 
 
