@@ -24,7 +24,7 @@ from keel.model.config import ModelConfig
 from keel.model.layers import MlpParams, init_mlp, normal, rms_norm, swiglu
 from keel.model.moe import MoeParams, init_moe, moe_forward
 from keel.model.router import RouterStats
-from keel.model.sharding import ACTIVATION_SPEC
+from keel.model.sharding import ACTIVATION_SPEC, SEQUENCE_AXIS, axis_size
 
 
 @jax.tree_util.register_dataclass
@@ -121,6 +121,11 @@ def forward(
     with a sequence axis, ring attention: then the tokens come in keel.model.ring.zigzag_order
     and `positions` [seq] says each one's position (the logits keep that order)."""
     batch, seq = tokens.shape
+    if positions is None and axis_size(mesh, SEQUENCE_AXIS) > 1:
+        raise ValueError(
+            "a mesh with a sequence axis needs the tokens in keel.model.ring.zigzag_order and "
+            "their positions (as keel.train.step lays them out)"
+        )
     params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
     eps = config.norm_eps
     h = _batch_split(params.embed[tokens], mesh)
