@@ -8,6 +8,8 @@ segment_ids [B, S] | None) -> [B, S, H, D]`, causal, with document masking by se
 - "cudnn": cuDNN's fused flash attention on NVIDIA GPUs (bfloat16/float16, no document masks).
 `model.attention: auto` picks cudnn on a GPU when it can (16-bit compute, no document mask),
 else blockwise from BLOCKWISE_FROM_SEQ_LEN tokens per sequence, else xla.
+On a mesh whose `sequence` axis has more than one device, attention is ring attention
+(keel.model.ring) whatever `model.attention` says: tokens arrive split over that axis.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from keel.core.errors import ConfigError
 from keel.model.blockwise import blockwise_attention, reference_attention
+from keel.model.ring import ring_attention
+from keel.model.sharding import SEQUENCE_AXIS, axis_size
 
 BLOCKWISE_FROM_SEQ_LEN = 512
 """`auto` uses blockwise attention from this many tokens per sequence. Measured for tiny-dense
@@ -71,8 +76,12 @@ def attend(
     v: jax.Array,
     segment_ids: jax.Array | None,
     kind: str = "auto",
+    mesh: Mesh | None = None,
 ) -> jax.Array:
     """Causal attention by implementation `kind`: q [B, S, H, D], k and v [B, S, H_kv, D],
-    segment_ids [B, S] or None -> [B, S, H, D]."""
+    segment_ids [B, S] or None -> [B, S, H, D]. With a `mesh` whose sequence axis is split, ring
+    attention over it (tokens in keel.model.ring.zigzag_order)."""
+    if axis_size(mesh, SEQUENCE_AXIS) > 1:
+        return ring_attention(q, k, v, segment_ids, mesh)
     name = choose(kind, q.shape[1], q.dtype, segment_ids is not None)
     return IMPLEMENTATIONS[name](q, k, v, segment_ids)

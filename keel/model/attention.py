@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from keel.model.attend import attend
 from keel.model.config import ModelConfig
@@ -53,15 +54,21 @@ def attention(
     x: jax.Array,
     config: ModelConfig,
     segment_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
+    mesh: Mesh | None = None,
 ) -> jax.Array:
     """Causal self-attention: x [batch, seq, d_model] -> [batch, seq, d_model]. With
     `segment_ids` [batch, seq], a position attends only to earlier positions of its own segment
-    (document). `config.attention` picks the implementation (keel.model.attend)."""
+    (document). `config.attention` picks the implementation (keel.model.attend). `positions`
+    [seq] int: each token's position when the tokens are permuted (ring attention's zigzag
+    order on a mesh with a sequence axis); default 0..seq-1."""
     batch, seq, _ = x.shape
     q, k, v = project_qkv(params, x, config)
     cos, sin = rope_tables(seq, config)
+    if positions is not None:
+        cos, sin = cos[positions], sin[positions]
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    out = attend(q, k, v, segment_ids, config.attention)  # [batch, seq, n_heads, head_dim]
+    out = attend(q, k, v, segment_ids, config.attention, mesh)  # [batch, seq, n_heads, head_dim]
     return out.reshape(batch, seq, config.n_heads * config.head_dim) @ params.wo
 
 

@@ -24,7 +24,7 @@ from keel.model.config import ModelConfig
 from keel.model.layers import MlpParams, init_mlp, normal, rms_norm, swiglu
 from keel.model.moe import MoeParams, init_moe, moe_forward
 from keel.model.router import RouterStats
-from keel.model.sharding import BATCH_SPEC
+from keel.model.sharding import ACTIVATION_SPEC, SEQUENCE_AXIS, axis_size
 
 
 @jax.tree_util.register_dataclass
@@ -112,18 +112,27 @@ def forward(
     *,
     mesh: Mesh | None = None,
     segment_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
     compute_dtype: jnp.dtype = jnp.float32,
     remat: bool = False,
 ) -> tuple[jax.Array, RouterStats | None]:
     """tokens [batch, seq] int -> (logits [batch, seq, vocab] float32, router stats stacked over
-    MoE layers, or None for a dense model). `mesh` turns on expert parallelism (see moe.py)."""
+    MoE layers, or None for a dense model). `mesh` turns on expert parallelism (see moe.py) and,
+    with a sequence axis, ring attention: then the tokens come in keel.model.ring.zigzag_order
+    and `positions` [seq] says each one's position (the logits keep that order)."""
     batch, seq = tokens.shape
+    if positions is None and axis_size(mesh, SEQUENCE_AXIS) > 1:
+        raise ValueError(
+            "a mesh with a sequence axis needs the tokens in keel.model.ring.zigzag_order and "
+            "their positions (as keel.train.step lays them out)"
+        )
     params = jax.tree.map(lambda p: p.astype(compute_dtype), params)
     eps = config.norm_eps
     h = _batch_split(params.embed[tokens], mesh)
 
     def attend(h: jax.Array, block: DenseBlockParams | MoeBlockParams) -> jax.Array:
-        return h + attention(block.attn, rms_norm(h, block.attn_norm, eps), config, segment_ids)
+        x = rms_norm(h, block.attn_norm, eps)
+        return h + attention(block.attn, x, config, segment_ids, positions, mesh)
 
     def dense_block(h: jax.Array, block: DenseBlockParams) -> tuple[jax.Array, None]:
         h = attend(h, block)
@@ -157,11 +166,12 @@ def output_logits(params: ModelParams, h: jax.Array, config: ModelConfig) -> jax
 
 
 def _batch_split(x: jax.Array, mesh: Mesh | None) -> jax.Array:
-    """Activations stay split by batch row over every device: XLA gathers the (fsdp-sharded)
-    weights to them rather than moving activations to the weights' layout."""
+    """Activations stay split by batch row over the batch axes and by token over the sequence
+    axis: XLA gathers the (fsdp-sharded) weights to them rather than moving activations to the
+    weights' layout."""
     if mesh is None or mesh.size == 1:
         return x
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, BATCH_SPEC))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, ACTIVATION_SPEC))
 
 
 def param_labels(params: ModelParams) -> ModelParams:

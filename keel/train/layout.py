@@ -43,7 +43,7 @@ class RunLayout:
     opt_on_device: Any
     """The optimizer state's shardings in device memory (what the update computes with)."""
     batch: NamedSharding
-    """[batch, ...] arrays: rows split over every device."""
+    """[batch, ...] arrays: rows split over the batch axes (data, fsdp, expert)."""
 
     @property
     def offloaded(self) -> bool:
@@ -52,17 +52,24 @@ class RunLayout:
 
 def check_mesh(config: TrainConfig, devices: int) -> tuple[int, int, int]:
     """(data, fsdp, expert) for `devices` devices; ConfigError for a mesh that does not fit the
-    devices, an expert axis that does not divide the experts, or a batch that does not split."""
-    data, fsdp, expert = config.mesh.resolve(devices)
+    devices, an expert axis that does not divide the experts, a batch that does not split, or a
+    sequence axis that does not split every phase's seq_len into its zigzag chunks."""
+    data, fsdp, expert, sequence = config.mesh.resolve(devices)
     experts = config.model.n_routed_experts
     if expert > 1 and (not experts or experts % expert):
         raise ConfigError(
             f"mesh.expert ({expert}) must divide model.n_routed_experts ({experts}): every device "
             "of the expert axis holds an equal share of the experts"
         )
+    if sequence > 1 and experts:
+        raise ConfigError(
+            f"mesh.sequence ({sequence}) splits only dense models' sequences for now; set "
+            "mesh.sequence=1 for a model with routed experts"
+        )
+    rows = data * fsdp * expert
     for phase in config.phases:
         batch = phase.sequences_per_step(config.batch_size)
-        if batch % devices:
+        if batch % rows:
             given = (
                 f"phase {phase.name!r}'s batch_tokens // seq_len ({batch})"
                 if phase.batch_tokens
@@ -70,7 +77,13 @@ def check_mesh(config: TrainConfig, devices: int) -> tuple[int, int, int]:
             )
             raise ConfigError(
                 f"{given} must be a multiple of mesh data x fsdp x expert = {data} x {fsdp} x "
-                f"{expert} = {devices}: each device takes an equal share of the sequences"
+                f"{expert} = {rows}: each device takes an equal share of the sequences"
+            )
+        if phase.seq_len % (2 * sequence):
+            raise ConfigError(
+                f"phase {phase.name!r}'s seq_len ({phase.seq_len}) must be a multiple of 2 x "
+                f"mesh.sequence = {2 * sequence}: ring attention gives each of the {sequence} "
+                "devices two equal chunks of every sequence"
             )
     return data, fsdp, expert
 

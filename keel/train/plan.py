@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from keel.model.dispatch import exchange_capacities
-from keel.model.sharding import EXPERT_AXIS, MESH_AXES
+from keel.model.sharding import ALL_AXES, EXPERT_AXIS, SEQUENCE_AXIS
 from keel.model.size import flops_per_token, model_size
 from keel.model.transformer import init_params, init_router_bias, param_labels
 from keel.train.checkpoint import TrainState
@@ -94,6 +94,7 @@ class RunPlan:
 
     devices: int
     mesh: dict[str, int]
+    """Devices per axis: data, fsdp, expert, and sequence when it splits sequences (> 1)."""
     platform: str
     """What XLA compiled for ("cpu" when simulated)."""
     batch_size: int
@@ -246,7 +247,9 @@ def describe(step: CompiledStep) -> RunPlan:
     if memory is None:
         raise RuntimeError(f"XLA reported no memory analysis on {platform}")
     size = model_size(config.model)
-    mesh_sizes = {axis: int(step.layout.mesh.shape[axis]) for axis in MESH_AXES}
+    mesh_sizes = {axis: int(step.layout.mesh.shape[axis]) for axis in ALL_AXES}
+    if mesh_sizes[SEQUENCE_AXIS] == 1:
+        del mesh_sizes[SEQUENCE_AXIS]
     per_token = flops_per_token(config.model, seq_len)
     param_bytes = sharded_bytes(state.params)
     opt_kinds = {s.memory_kind for s in jax.tree.leaves(step.layout.state.opt_state)}

@@ -20,12 +20,14 @@ import jax.numpy as jnp
 import optax
 
 from keel.model.loss import cross_entropy, segment_ids, target_mask
+from keel.model.ring import zigzag_order
 from keel.model.router import router_metrics, update_bias
-from keel.model.sharding import replicated
+from keel.model.sharding import SEQUENCE_AXIS, axis_size, replicated
 from keel.model.transformer import forward
 from keel.train.checkpoint import TrainState
 from keel.train.config import TrainConfig
 from keel.train.layout import RunLayout
+from keel.train.long_eval import bucket_of_position, token_nll
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,10 @@ class StepFunctions:
     """(TrainState, window [batch, seq+1] int32) -> (TrainState, metrics dict of arrays)"""
     evaluate: Callable
     """(params, router_bias, window [batch, seq+1] int32, weights [batch, seq] float32: 1 for a
-    target to score, 0 for padding) -> (nats, bytes, targets) sums over the scored targets"""
+    target to score, 0 for padding) -> (nats, bytes, targets) sums over the scored targets, and
+    a dict for long-context evaluation (keel.train.long_eval): bucket_nats and bucket_targets
+    [n_buckets] (sums by position bucket), row_correct and row_targets [batch] (scored targets
+    the model's argmax got right, and scored targets, per row)"""
 
 
 def build_step_functions(
@@ -50,24 +55,36 @@ def build_step_functions(
     dtype = jnp.bfloat16 if config.compute_dtype == "bfloat16" else jnp.float32
     masked_eos = eos_id if config.mask_documents else None
     mesh = layout.mesh
+    ring = axis_size(mesh, SEQUENCE_AXIS)
 
-    def run_model(params, router_bias, inputs):
+    def run_model(params, router_bias, window):
+        """(logits, router stats, targets, target weights): with a sequence axis, all in ring
+        attention's zigzag token order (the loss is a sum over tokens, so order is free)."""
+        inputs, targets = window[:, :-1], window[:, 1:]
         segments = segment_ids(inputs, eos_id) if config.mask_documents else None
-        return forward(
+        weights = target_mask(inputs, masked_eos)
+        positions = None
+        if ring > 1:
+            order = zigzag_order(inputs.shape[1], ring)
+            positions = jnp.asarray(order)
+            inputs, targets, weights = inputs[:, order], targets[:, order], weights[:, order]
+            segments = None if segments is None else segments[:, order]
+        logits, stats = forward(
             params,
             inputs,
             model,
             router_bias,
             mesh=mesh,
             segment_ids=segments,
+            positions=positions,
             compute_dtype=dtype,
             remat=config.remat,
         )
+        return logits, stats, targets, weights
 
     def loss_fn(params, router_bias, window):
-        inputs, targets = window[:, :-1], window[:, 1:]
-        logits, stats = run_model(params, router_bias, inputs)
-        parts = cross_entropy(logits, targets, target_mask(inputs, masked_eos))
+        logits, stats, targets, weights = run_model(params, router_bias, window)
+        parts = cross_entropy(logits, targets, weights)
         loss = parts.cross_entropy + model.z_loss_weight * parts.z_loss
         router_z = jnp.zeros((), jnp.float32)
         if stats is not None:
@@ -99,12 +116,23 @@ def build_step_functions(
         return new_state, metrics
 
     def evaluate(params, router_bias, window, weights):
-        inputs, targets = window[:, :-1], window[:, 1:]
-        logits, _ = run_model(params, router_bias, inputs)
-        mask = target_mask(inputs, masked_eos) * weights
+        buckets = bucket_of_position(weights.shape[1])  # [seq, n_buckets]
+        if ring > 1:
+            order = zigzag_order(weights.shape[1], ring)
+            weights, buckets = weights[:, order], buckets[order]
+        logits, _, targets, mask = run_model(params, router_bias, window)
+        mask = mask * weights
         parts = cross_entropy(logits, targets, mask)
         target_bytes = (token_bytes[targets] * mask).sum()
-        return parts.nats, target_bytes, parts.targets
+        nll = token_nll(logits, targets) * mask
+        correct = (jnp.argmax(logits, axis=-1) == targets) * mask
+        long_context = {
+            "bucket_nats": nll.sum(axis=0) @ buckets,
+            "bucket_targets": mask.sum(axis=0) @ buckets,
+            "row_correct": correct.sum(axis=1),
+            "row_targets": mask.sum(axis=1),
+        }
+        return parts.nats, target_bytes, parts.targets, long_context
 
     whole = replicated(mesh)
     batch = layout.batch

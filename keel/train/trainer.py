@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tokenizers import Tokenizer
 
 from keel.core import paths
 from keel.core.config import dump_config, load_config
@@ -41,6 +42,7 @@ from keel.core.experiment_id import current_experiment
 from keel.core.stop import Stopped, stop_requested, stoppable
 from keel.core.stop import install_handler as install_stop_handler
 from keel.data.token_cache import TokenCache
+from keel.data.tokenize import load_tokenizer
 from keel.model.size import flops_per_token
 from keel.steps.context import step_output
 from keel.telemetry.sink import TARGET_ENV, MetricsSink, write_record
@@ -52,6 +54,13 @@ from keel.train.config import Phase, TrainConfig, cache_name
 from keel.train.events import append_event, read_events
 from keel.train.layout import RunLayout, initial_state, place_batch
 from keel.train.loader import MixtureLoader, WindowRange, check_cache, scored_batches, split_windows
+from keel.train.long_eval import (
+    PASSKEY_METRIC,
+    LongContextTotals,
+    PasskeyBatch,
+    passkey_accuracy,
+    passkey_batch,
+)
 from keel.train.midrun import check_resume_changes, data_positions
 from keel.train.peak import device_peak
 from keel.train.replan import resume_schedule
@@ -98,6 +107,10 @@ class RunData:
     """By metric name (`eval/<name>/bpb`)."""
     token_bytes: np.ndarray
     eos_id: int
+    tokenizer_path: str = ""
+    """The caches' tokenizer.json (passkey prompts are written with it)."""
+    passkeys: dict[int, PasskeyBatch | None] = field(default_factory=dict)
+    """Passkey prompts by seq_len, made at a phase's first evaluation."""
 
 
 @dataclass
@@ -223,7 +236,8 @@ def train(
             if evaluates or saves:  # finished here: the next update takes (donates) the state
                 line = log.read(pending)
                 if evaluates:
-                    line.update(_evaluate(functions, state, data, config, layout))
+                    seq_len = plan.phase.seq_len
+                    line.update(_evaluate(functions, state, data, config, layout, seq_len))
                 log.write(line, checkpoint=state if saves else None)
                 pending = None  # the last step always lands here: nothing is left pending
         result.last = log.last
@@ -378,7 +392,7 @@ def open_run_data(
                 "a run reads caches of one tokenizer"
             )
     token_bytes = token_byte_lengths(first.tokenizer_path(), vocab)
-    return RunData(plans, eval_sets, token_bytes, first.eos_id)
+    return RunData(plans, eval_sets, token_bytes, first.eos_id, first.tokenizer_path())
 
 
 def _schedule(phases: list[PhasePlan], first_step: int) -> Iterator[tuple[PhasePlan, int]]:
@@ -451,11 +465,15 @@ def _evaluate(
     data: RunData,
     config: TrainConfig,
     layout: RunLayout,
+    seq_len: int,
 ) -> dict[str, Any]:
     """Bits per byte on each evaluation set (`eval/<name>/bpb`), and loss and bits per byte over
-    all of them. The final evaluation (step == total_steps) scores each eval_data set whole."""
+    all of them; loss by position bucket over all of them, and passkey accuracy at the phase's
+    `seq_len` (keel.train.long_eval). The final evaluation (step == total_steps) scores each
+    eval_data set whole."""
     final = int(state.step) == config.total_steps
     out: dict[str, Any] = {}
+    by_position = LongContextTotals()
     total_nats = total_bytes = total_targets = 0.0
     for name, eval_set in data.eval_sets.items():
         whole = eval_set.whole and final
@@ -473,9 +491,11 @@ def _evaluate(
                 place_batch(layout, windows.__getitem__, windows.shape),
                 place_batch(layout, weights.__getitem__, weights.shape),
             )
+            *sums, long_context = result
             nats, target_bytes, targets = (
-                a + float(b) for a, b in zip((nats, target_bytes, targets), result, strict=True)
+                a + float(b) for a, b in zip((nats, target_bytes, targets), sums, strict=True)
             )
+            by_position.add(windows.shape[1] - 1, long_context)
         out[f"eval/{name}/bpb"] = bits_per_byte(nats, target_bytes)
         total_nats, total_bytes, total_targets = (
             total_nats + nats,
@@ -485,7 +505,40 @@ def _evaluate(
     if data.eval_sets:
         out["eval_loss"] = total_nats / max(total_targets, 1.0)
         out["eval_bpb"] = bits_per_byte(total_nats, total_bytes)
+        out.update(by_position.metrics())
+    out.update(_passkey(functions, state, data, config, layout, seq_len))
     return out
+
+
+def _passkey(
+    functions: StepFunctions,
+    state: TrainState,
+    data: RunData,
+    config: TrainConfig,
+    layout: RunLayout,
+    seq_len: int,
+) -> dict[str, float]:
+    """`eval/passkey_accuracy` over one batch of passkey prompts of `seq_len` tokens; nothing
+    when the run has no tokenizer or seq_len is too short to hide a key."""
+    if seq_len not in data.passkeys:
+        batch = None
+        if data.tokenizer_path:
+            tokenizer = Tokenizer.from_str(load_tokenizer(data.tokenizer_path).decode("utf-8"))
+            batch = passkey_batch(tokenizer, seq_len, config.batch_size, config.seed)
+        if batch is None:
+            logger.info("no passkey check at seq_len %d: too short to hide a key", seq_len)
+        data.passkeys[seq_len] = batch
+    batch = data.passkeys[seq_len]
+    if batch is None:
+        return {}
+    *_, long_context = functions.evaluate(
+        state.params,
+        state.router_bias,
+        place_batch(layout, batch.windows.__getitem__, batch.windows.shape),
+        place_batch(layout, batch.weights.__getitem__, batch.weights.shape),
+    )
+    correct, targets = jax.device_get((long_context["row_correct"], long_context["row_targets"]))
+    return {PASSKEY_METRIC: passkey_accuracy(correct, targets)}
 
 
 def _add_eval_set(eval_sets: dict[str, EvalSet], name: str, eval_set: EvalSet) -> None:
