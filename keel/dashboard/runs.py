@@ -263,4 +263,4 @@ def _experiment(entry: Any) -> str:
     """The experiment record a run belongs to, when its step record names one."""
     if entry is None:
         return ""
-    return str(entry.record.extra.get("experiment", ""))
+    return entry.record.experiment or ""
