@@ -47,16 +47,22 @@ def loss_and_grads(params, bias, window, config, mesh):
     return jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(params)
 
 
-@pytest.mark.parametrize(
-    "shape", [(1, 1, 4), (1, 1, 8), (1, 2, 4), (2, 2, 2), (8, 1, 1), (2, 4, 1)]
-)
-def test_sharded_mesh_matches_single_device_loss_and_gradients(shape):
-    """(data, fsdp, expert): every layout computes the one-device loss and gradients."""
+@pytest.fixture(scope="module")
+def one_device_moe():
+    """The one-device reference of the sharded cases: params, router bias, batch, (loss, stats),
+    gradients (computed once for every mesh shape)."""
     params = init_params(jax.random.key(0), MOE)
     bias = jax.random.normal(jax.random.key(1), (MOE.n_moe_layers, MOE.n_routed_experts)) * 0.1
     window = batch(2)
-    (loss, stats), grads = loss_and_grads(params, bias, window, MOE, None)
+    return params, bias, window, *loss_and_grads(params, bias, window, MOE, None)
 
+
+# Each of the three axes alone at its widest (data 8; fsdp 4 with data 2; expert 4 with fsdp 2)
+# and all three together.
+@pytest.mark.parametrize("shape", [(1, 2, 4), (2, 2, 2), (8, 1, 1), (2, 4, 1)])
+def test_sharded_mesh_matches_single_device_loss_and_gradients(shape, one_device_moe):
+    """(data, fsdp, expert): every layout computes the one-device loss and gradients."""
+    params, bias, window, (loss, stats), grads = one_device_moe
     data, fsdp, expert = shape
     mesh = build_mesh(MeshConfig(data, fsdp, expert), jax.devices()[: data * fsdp * expert])
     sharded = jax.device_put(params, param_shardings(params, mesh))
