@@ -65,6 +65,10 @@ COMMANDS: dict[str, LazyCommand] = {
         "export_commands",
         "Export a trained run's checkpoint (hf: safetensors, config.json, tokenizer files).",
     ),
+    "eval": LazyCommand(
+        "eval_commands",
+        "Evaluate a trained run's checkpoint on lm-eval tasks read from local files.",
+    ),
     "runs": LazyCommand(
         "runs_commands",
         "Commands about existing training runs: where a run branched from (lineage).",
