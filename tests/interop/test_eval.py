@@ -5,6 +5,7 @@ line with exit code 2.
 Needs the `eval` extra (lm-eval); skipped cleanly without it."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -94,7 +95,7 @@ def test_gsm8k_slice_runs_end_to_end_into_eval_json_and_telemetry(trained_run, t
         [sys.executable, "-m", "keel", "eval", str(trained_run), "--tasks", "gsm8k_sample",
          "--limit", "20", "--eval-data", str(held_out), "--output", str(output), "--json"],
         capture_output=True, text=True, timeout=240,
-        env={**__import__("os").environ, "KEEL_TELEMETRY": str(telemetry)},
+        env={**os.environ, "KEEL_TELEMETRY": str(telemetry)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     printed = json.loads(result.stdout)
