@@ -69,6 +69,10 @@ COMMANDS: dict[str, LazyCommand] = {
         "experiment_commands",
         "Experiment records: a hypothesis, the runs that test it, and their report.",
     ),
+    "eval": LazyCommand(
+        "eval_commands",
+        "Evaluate a trained run's checkpoint on lm-eval tasks read from local files.",
+    ),
     "runs": LazyCommand(
         "runs_commands",
         "Commands about existing training runs: where a run branched from (lineage).",

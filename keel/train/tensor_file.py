@@ -51,3 +51,27 @@ def write_safetensors(
         file.write(text)
         for data in blobs:
             file.write(data)
+
+
+def read_safetensors(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file (name -> array), as float32 for float dtypes (BF16
+    included) and as stored otherwise; the file is memory-mapped, not read whole."""
+    import ml_dtypes  # jax's dependency: numpy's bfloat16
+
+    readable = {name: dtype for dtype, name in DTYPES.items()}
+    readable["BF16"] = np.dtype(ml_dtypes.bfloat16)
+    with path.open("rb") as file:
+        (length,) = struct.unpack("<Q", file.read(8))
+        header = json.loads(file.read(length))
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + length)
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if entry["dtype"] not in readable:
+            raise ConfigError(f"safetensors {path}: {name} has dtype {entry['dtype']}, unsupported")
+        begin, end = entry["data_offsets"]
+        array = data[begin:end].view(readable[entry["dtype"]]).reshape(entry["shape"])
+        floating = array.dtype.kind == "f" or entry["dtype"] == "BF16"
+        tensors[name] = array.astype(np.float32) if floating else np.array(array)
+    return tensors

@@ -43,6 +43,7 @@ from keel.core.stop import Stopped, stop_requested, stoppable
 from keel.core.stop import install_handler as install_stop_handler
 from keel.data.token_cache import TokenCache
 from keel.data.tokenize import load_tokenizer
+from keel.model.config import ModelConfig
 from keel.model.size import flops_per_token
 from keel.steps.context import step_output
 from keel.telemetry.sink import TARGET_ENV, MetricsSink, write_record
@@ -52,6 +53,7 @@ from keel.train.checkpoint import Checkpoints, TrainState
 from keel.train.compile_cache import enable_compilation_cache
 from keel.train.config import Phase, TrainConfig, cache_name
 from keel.train.events import append_event, read_events
+from keel.train.hf_import import hf_directory, hf_start_state, with_hf_model
 from keel.train.layout import RunLayout, initial_state, place_batch
 from keel.train.loader import MixtureLoader, WindowRange, check_cache, scored_batches, split_windows
 from keel.train.long_eval import (
@@ -136,7 +138,7 @@ def train(
     (keel.train.branch); once it has checkpoints it resumes from them like any run. Only
     process 0 writes the run's files; every process writes checkpoints."""
     enable_compilation_cache()  # before anything compiles
-    config = config.validate()
+    config = with_hf_model(config.validate()).validate()  # init_from: hf:DIR sets the model
     data = open_run_data(config)
     previous = _previous_config(config, output)
     if not paths.is_local(output) and jax.process_count() > 1:
@@ -185,7 +187,7 @@ def train(
             append_event(output, event)
             _report_event(config, output, event)
     elif config.init_from:
-        state = _start_from(config.init_from, state)
+        state = _start_from(config.init_from, state, config.model)
     if primary:
         _record_experiment(config, output, int(state.step))
     metrics_path = checkpoints.run.local_file(METRICS_FILE)  # uploaded with each checkpoint
@@ -429,8 +431,13 @@ def _record_experiment(config: TrainConfig, output: str, step: int) -> None:
         write_record(target, EXPERIMENT_NAMESPACE, {"run": run, "experiment": experiment})
 
 
-def _start_from(run_dir: str, fresh: TrainState) -> TrainState:
-    """Fresh optimizer state with the parameters and router bias of another run's checkpoint."""
+def _start_from(init_from: str, fresh: TrainState, model: ModelConfig) -> TrainState:
+    """Fresh optimizer state with the parameters and router bias of another run's checkpoint,
+    or of a Hugging Face checkpoint (`hf:DIR`, keel.train.hf_import)."""
+    hf = hf_directory(init_from)
+    if hf is not None:
+        return hf_start_state(hf, model, fresh)
+    run_dir = init_from
     source = Checkpoints(run_dir, every=1, keep=1)
     if source.latest_step() is None:
         raise UsageError(f"init_from: {run_dir} holds no checkpoint; train that run first")

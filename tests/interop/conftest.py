@@ -1,5 +1,8 @@
-"""The trained run the interop tests read (keel sample, keel export, parity with transformers)."""
+"""The trained run the interop tests read (keel sample, keel export, keel eval, parity with
+transformers). Nothing here reaches the network: the Hugging Face libraries run offline (set
+before any test imports them; subprocesses inherit it)."""
 
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -8,6 +11,9 @@ import pytest
 from mesh_support import small_dense
 
 from keel.train.trainer import train
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 
 @pytest.fixture(scope="session")
