@@ -32,6 +32,7 @@ from keel.core.errors import UsageError
 from keel.core.http import JSON, HttpError, HttpPolicy
 from keel.core.http_server import (
     HttpServer,
+    ServedApi,
     count_param,
     endpoints,
     json_response,
@@ -45,7 +46,7 @@ LOG_CHUNK_BYTES = 1 << 20
 T = TypeVar("T")
 
 
-class ControllerServer:
+class ControllerServer(ServedApi):
     """Serves the controller state under `root` over HTTP on a background thread."""
 
     def __init__(
@@ -63,17 +64,6 @@ class ControllerServer:
             }
         )
         self._http = HttpServer(app, policy, host, port, name="controller-api")
-
-    @property
-    def url(self) -> str:
-        return self._http.url
-
-    def start(self) -> ControllerServer:
-        self._http.start()
-        return self
-
-    def stop(self) -> None:
-        self._http.stop()
 
     async def _submit(self, request: Request) -> Response:
         require_type(request, JSON)

@@ -18,7 +18,7 @@ import logging
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Self
 
 import orjson
 from starlette.concurrency import run_in_threadpool
@@ -333,3 +333,35 @@ async def _busy(scope: Scope, receive: Receive, send: Send) -> None:
         "overloaded",
         close=True,
     )
+
+
+class ServedApi:
+    """What a keel server object (the telemetry server, the controller API, the dashboard) offers
+    around its one HttpServer, kept in `self._http` by the subclass's __init__: its url, serving
+    in a background thread or in this one, stopping, and use as a context manager."""
+
+    _http: HttpServer
+
+    @property
+    def url(self) -> str:
+        """http://HOST:PORT of the listening socket."""
+        return self._http.url
+
+    def start(self) -> Self:
+        """Serve in a daemon thread; returns self."""
+        self._http.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until `stop()`, SIGINT or SIGTERM (re-raised once stopped)."""
+        self._http.serve_forever()
+
+    def stop(self) -> None:
+        """Stop accepting, close idle connections, wait for running requests."""
+        self._http.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -28,7 +28,13 @@ from starlette.responses import Response
 
 from keel.cluster.state import UnknownJobError
 from keel.core.http import HttpError, HttpPolicy
-from keel.core.http_server import HttpServer, endpoints, json_response, read_json
+from keel.core.http_server import (
+    HttpServer,
+    ServedApi,
+    endpoints,
+    json_response,
+    read_json,
+)
 from keel.core.http_server import run_in_threadpool as in_pool
 from keel.dashboard import data_view, jobs, runs
 from keel.dashboard.sources import Sources
@@ -53,7 +59,7 @@ SECURITY_HEADERS = {
 }
 
 
-class DashboardServer:
+class DashboardServer(ServedApi):
     """Serves the dashboard over `sources` on host:port (port 0: any free port; see `url`).
     `token`: required as `Authorization: Bearer TOKEN` when set (needed beyond loopback)."""
 
@@ -80,26 +86,6 @@ class DashboardServer:
         )
         policy = HttpPolicy(token=token or None)
         self._http = HttpServer(app, policy, host, port, ERRORS, name="dashboard")
-
-    @property
-    def url(self) -> str:
-        return self._http.url
-
-    def start(self) -> DashboardServer:
-        self._http.start()
-        return self
-
-    def serve_forever(self) -> None:
-        self._http.serve_forever()
-
-    def stop(self) -> None:
-        self._http.stop()
-
-    def __enter__(self) -> DashboardServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     # -- endpoints ------------------------------------------------------------------------------
 

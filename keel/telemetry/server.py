@@ -39,6 +39,7 @@ from keel.core.errors import KeelError, UsageError
 from keel.core.http import ARROW_STREAM, JSON, NDJSON, HttpError, HttpPolicy, content_type
 from keel.core.http_server import (
     HttpServer,
+    ServedApi,
     count_param,
     endpoints,
     json_response,
@@ -76,7 +77,7 @@ ERRORS = (
 """How the store's errors are answered (the client raises the same classes from `kind`)."""
 
 
-class TelemetryServer:
+class TelemetryServer(ServedApi):
     """Serves `store` over HTTP on host:port (port 0: any free port; see `url`).
 
     `token`: required as `Authorization: Bearer TOKEN` when set; a server bound to an address other
@@ -119,32 +120,8 @@ class TelemetryServer:
         self._http = HttpServer(app, policy, host, port, ERRORS, name="telemetry-server")
 
     @property
-    def url(self) -> str:
-        """http://HOST:PORT of the listening socket."""
-        return self._http.url
-
-    @property
     def stopping(self) -> bool:
         return self._http.stopping
-
-    def start(self) -> TelemetryServer:
-        """Serve in a daemon thread; returns self."""
-        self._http.start()
-        return self
-
-    def serve_forever(self) -> None:
-        """Serve in this thread until `stop()`, SIGINT or SIGTERM (re-raised once stopped)."""
-        self._http.serve_forever()
-
-    def stop(self) -> None:
-        """Stop accepting, end follow streams and idle connections, wait for running requests."""
-        self._http.stop()
-
-    def __enter__(self) -> TelemetryServer:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     # -- endpoints ------------------------------------------------------------------------------
 
