@@ -11,7 +11,8 @@ By the input's files (a directory is a document set: its part-*.parquet files):
 - JSONL (.jsonl, .json, .ndjson; plain, .gz or .zst): one document per record, its text in
   `text`; `id` the record's own when it is a string, else documents.document_id of the text;
   `source` the record's own when a string, else the file's path; `url` when the record has one.
-  Other fields are not read (ingest them, or add them with a stage, to filter on them).
+  Other fields are read where a stage asks for them (filter's attribute columns, extract's
+  HTML field), typed as the stage needs them.
 - text (.txt, .text; plain, .gz or .zst): one document per UTF-8 file, its source the path.
 Texts are taken as they are: `keel data ingest` is the stage that normalizes them. A JSONL record
 without a string `text` is an error naming the file (ingest counts and drops such records).
@@ -19,7 +20,8 @@ without a string `text` is an error naming the file (ingest counts and drops suc
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 
 import fsspec
 import pyarrow as pa
@@ -29,6 +31,7 @@ from keel.core.errors import UsageError
 from keel.data import documents
 from keel.flow import Dataset, from_items, read_jsonl, read_parquet
 from keel.flow.ops import Row
+from keel.flow.readers import read_jsonl as read_jsonl_file
 from keel.flow.sources import COMPRESSED_SUFFIXES, JSONL_SUFFIXES, expand
 
 Input = str | Sequence[str]
@@ -63,15 +66,23 @@ def read_documents(
     input: Input,
     columns: Sequence[str] | None = None,
     filter: pc.Expression | None = None,
+    fields: Mapping[str, pa.DataType] | None = None,
+    require_text: bool = True,
 ) -> Dataset:
     """The input's documents as a flow Dataset (module doc): Parquet as is, JSONL and text files
-    as RAW_SCHEMA rows; `columns` projects them, `filter` keeps the rows where it holds."""
+    as RAW_SCHEMA rows; `columns` projects them, `filter` keeps the rows where it holds.
+    JSONL only: `fields` are record fields kept besides RAW_SCHEMA's, as these types (a stage's
+    attribute columns, an HTML field; null where a record lacks one); `require_text=False`
+    accepts records without text (extract reads HTML)."""
     globs = documents.parquet_glob(input)
     format = input_format(input)
     if format == "parquet":
         return read_parquet(globs, columns=columns, filter=filter)
     if format == "jsonl":
-        docs = read_jsonl(globs, file_column=_FILE).map_batches(jsonl_documents)
+        convert = functools.partial(
+            jsonl_documents, fields=dict(fields or {}), require_text=require_text
+        )
+        docs = read_jsonl(globs, file_column=_FILE).map_batches(convert)
     else:
         files = expand(globs)
         docs = (
@@ -86,25 +97,35 @@ def read_documents(
 
 def column_names(input: Input) -> list[str] | None:
     """The columns the input's documents have: the first Parquet file's schema (None for an
-    empty document set), RAW_SCHEMA's names for JSONL and text."""
-    if input_format(input) != "parquet":
+    empty document set); for JSONL, RAW_SCHEMA's names and the fields of the first file's first
+    record; for text files RAW_SCHEMA's names."""
+    format = input_format(input)
+    if format == "text":
         return list(RAW_SCHEMA.names)
-    schema = read_parquet(documents.parquet_glob(input)).source.schema
+    globs = documents.parquet_glob(input)
+    if format == "jsonl":
+        first = next(read_jsonl_file(expand(globs)[0], chunk_rows=1), None)
+        names = [] if first is None else first.schema.names
+        return list(dict.fromkeys([*RAW_SCHEMA.names, *names]))
+    schema = read_parquet(globs).source.schema
     return None if schema is None else list(schema.names)
 
 
-def jsonl_documents(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """map_batches: JSONL records (with the file column) -> RAW_SCHEMA documents."""
+def jsonl_documents(
+    batch: pa.RecordBatch, fields: dict[str, pa.DataType], require_text: bool = True
+) -> pa.RecordBatch:
+    """map_batches: JSONL records (with the file column) -> RAW_SCHEMA documents and `fields`."""
     files = batch.column(_FILE).to_pylist()
     texts = _column(batch, documents.TEXT_COLUMN)
     missing = next((n for n, text in enumerate(texts) if not isinstance(text, str)), None)
-    if missing is not None:
+    if missing is not None and require_text:
         raise UsageError(
             f"{files[missing]}: a record has no string {documents.TEXT_COLUMN!r} field; "
             "`keel data ingest` reads such files, counting and dropping those records"
         )
+    texts = [text if isinstance(text, str) else None for text in texts]
     ids = [
-        given if isinstance(given, str) else documents.document_id(text)
+        given if isinstance(given, str) else None if text is None else documents.document_id(text)
         for given, text in zip(_column(batch, documents.ID_COLUMN), texts, strict=True)
     ]
     sources = [
@@ -112,10 +133,14 @@ def jsonl_documents(batch: pa.RecordBatch) -> pa.RecordBatch:
         for given, file in zip(_column(batch, documents.SOURCE_COLUMN), files, strict=True)
     ]
     urls = [url if isinstance(url, str) else None for url in _column(batch, documents.URL_COLUMN)]
-    return pa.RecordBatch.from_arrays(
-        [pa.array(values, pa.string()) for values in (ids, texts, sources, urls)],
-        schema=RAW_SCHEMA,
-    )
+    arrays = [pa.array(values, pa.string()) for values in (ids, texts, sources, urls)]
+    extra = {name: kind for name, kind in fields.items() if name not in RAW_SCHEMA.names}
+    for name, kind in extra.items():
+        try:
+            arrays.append(pa.array(_column(batch, name), kind))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
+            raise UsageError(f"{files[0]}: field {name!r} is not {kind} ({error})") from error
+    return pa.RecordBatch.from_arrays(arrays, names=[*RAW_SCHEMA.names, *extra])
 
 
 def text_file_document(item: Row) -> list[Row]:
