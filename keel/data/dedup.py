@@ -29,7 +29,7 @@ from keel.core import paths
 from keel.core.errors import UsageError
 from keel.data import documents, inputs
 from keel.data.inputs import Input
-from keel.flow import Dataset, RunOptions, pooled
+from keel.flow import RunOptions, pooled
 from keel.flow.ops import Row
 
 STAGE = "exact_dedup"
@@ -114,11 +114,8 @@ def key_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def with_text_keys(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """The batch with ids (when it has none) and a TEXT_KEY column: documents.document_id of the
-    text, so equal keys mean equal texts even where the input's own ids differ."""
-    if documents.ID_COLUMN not in batch.schema.names:
-        batch = add_ids(batch)
-        return batch.append_column(TEXT_KEY, batch.column(documents.ID_COLUMN))
+    """The batch with a TEXT_KEY column: documents.document_id of the text, so equal keys mean
+    equal texts even where the input's own ids differ."""
     texts = batch.column(documents.TEXT_COLUMN).to_pylist()
     keys = pa.array([documents.document_id(text or "") for text in texts], pa.string())
     return batch.append_column(TEXT_KEY, keys)
@@ -153,25 +150,6 @@ def require_text(names: list[str] | None, input: object) -> None:
 def present(names: list[str] | None, wanted: list[str]) -> list[str]:
     """The `wanted` columns the input has (all of them for an empty input)."""
     return [name for name in wanted if names is None or name in names]
-
-
-def with_ids_if_missing(docs: Dataset, has_ids: bool) -> Dataset:
-    """`docs`, with an `id` column computed from `text` when the input has none."""
-    return docs if has_ids else docs.map_batches(add_ids)
-
-
-def add_ids(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """The batch with an `id` column (documents.document_id of the text) as its first column."""
-    if documents.TEXT_COLUMN not in batch.schema.names:
-        raise UsageError(
-            f"documents have neither an {documents.ID_COLUMN!r} nor a {documents.TEXT_COLUMN!r} "
-            f"column (columns: {', '.join(batch.schema.names)}): pass a document set"
-        )
-    texts = batch.column(documents.TEXT_COLUMN).to_pylist()
-    ids = pa.array([documents.document_id(text or "") for text in texts], pa.string())
-    return pa.RecordBatch.from_arrays(
-        [ids, *batch.columns], names=[documents.ID_COLUMN, *batch.schema.names]
-    )
 
 
 def table_or_empty(table: pa.Table, schema: pa.Schema) -> pa.Table:

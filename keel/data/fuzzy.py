@@ -52,11 +52,9 @@ from keel.core.errors import UsageError
 from keel.data import documents, inputs, minhash
 from keel.data.dedup import (
     REMOVED_SCHEMA,
-    add_ids,
     present,
     require_text,
     table_or_empty,
-    with_ids_if_missing,
     write_removed,
 )
 from keel.data.fuzzy_clusters import (
@@ -139,7 +137,6 @@ def run_fuzzy_dedup(
     `config.max_source_drop` of its documents."""
     names = inputs.column_names(input)
     require_text(names, input)
-    has_ids = names is None or documents.ID_COLUMN in names
     with documents.stage_output(output, input) as staging, pooled(options) as options:
         buckets = find_buckets(input, names, config, options)
         candidates = list(dict.fromkeys(doc_id for bucket in buckets for doc_id in bucket))
@@ -149,7 +146,7 @@ def run_fuzzy_dedup(
         check_source_losses(losses, config.max_source_drop, config.guard_min_documents)
         # the kept documents: all but the removed ids (a kept id's copies share its id, so they
         # are left to deduplicate)
-        kept = with_ids_if_missing(inputs.read_documents(input), has_ids)
+        kept = inputs.read_documents(input)  # with ids computed where the input has none
         removed_ids = pc.unique(
             removed.filter(pc.not_equal(removed["id"], removed["duplicate_of"])).column("id")
         )
@@ -238,8 +235,6 @@ def find_buckets(
 
 def band_rows(batch: pa.RecordBatch, config: FuzzyDedupConfig) -> pa.RecordBatch:
     """map_batches: documents -> one (band key, id) row per band of each document with words."""
-    if documents.ID_COLUMN not in batch.schema.names:
-        batch = add_ids(batch)
     signature = minhash.signatures(
         batch.column(documents.TEXT_COLUMN), config.num_perm, config.ngram, config.seed
     )
@@ -278,10 +273,7 @@ def candidate_shingles(
         )
     wanted = pc.field(documents.ID_COLUMN).isin(pa.array(candidates, pa.string()))
     columns = present(names, [documents.ID_COLUMN, documents.TEXT_COLUMN, documents.SOURCE_COLUMN])
-    if names is None or documents.ID_COLUMN in names:
-        docs = inputs.read_documents(input, columns=columns, filter=wanted)
-    else:
-        docs = inputs.read_documents(input, columns=columns).map_batches(add_ids).filter(wanted)
+    docs = inputs.read_documents(input, columns=columns, filter=wanted)  # ids added if missing
     return docs.map_batches(functools.partial(shingle_rows, config=config)).to_table(
         options=options
     )

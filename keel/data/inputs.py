@@ -7,7 +7,7 @@
 
 By the input's files (a directory is a document set: its part-*.parquet files):
 - Parquet (a document set, a glob or a file): read as is; `columns` and `filter` are pushed down
-  into the reader.
+  into the reader. Documents without an `id` column get one computed from their text.
 - JSONL (.jsonl, .json, .ndjson; plain, .gz or .zst): one document per record, its text in
   `text`; `id` the record's own when it is a string, else documents.document_id of the text;
   `source` the record's own when a string, else the file's path; `url` when the record has one.
@@ -77,8 +77,16 @@ def read_documents(
     globs = documents.parquet_glob(input)
     format = input_format(input)
     if format == "parquet":
-        return read_parquet(globs, columns=columns, filter=filter)
-    if format == "jsonl":
+        schema = read_parquet(globs).source.schema
+        names = () if schema is None else schema.names
+        if documents.ID_COLUMN in names or documents.TEXT_COLUMN not in names:
+            return read_parquet(globs, columns=columns, filter=filter)
+        # documents without ids: computed from the text, so every stage can name them
+        read = None if columns is None else [c for c in columns if c != documents.ID_COLUMN]
+        if read is not None and documents.TEXT_COLUMN not in read:
+            read.append(documents.TEXT_COLUMN)
+        docs = read_parquet(globs, columns=read).map_batches(add_ids)
+    elif format == "jsonl":
         convert = functools.partial(
             jsonl_documents, fields=dict(fields or {}), require_text=require_text
         )
@@ -108,7 +116,25 @@ def column_names(input: Input) -> list[str] | None:
         names = [] if first is None else first.schema.names
         return list(dict.fromkeys([*RAW_SCHEMA.names, *names]))
     schema = read_parquet(globs).source.schema
-    return None if schema is None else list(schema.names)
+    if schema is None:
+        return None
+    if documents.TEXT_COLUMN in schema.names and documents.ID_COLUMN not in schema.names:
+        return [documents.ID_COLUMN, *schema.names]  # read_documents adds them
+    return list(schema.names)
+
+
+def add_ids(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The batch with an `id` column (documents.document_id of the text) as its first column."""
+    if documents.TEXT_COLUMN not in batch.schema.names:
+        raise UsageError(
+            f"documents have neither an {documents.ID_COLUMN!r} nor a {documents.TEXT_COLUMN!r} "
+            f"column (columns: {', '.join(batch.schema.names)}): pass a document set"
+        )
+    texts = batch.column(documents.TEXT_COLUMN).to_pylist()
+    ids = pa.array([documents.document_id(text or "") for text in texts], pa.string())
+    return pa.RecordBatch.from_arrays(
+        [ids, *batch.columns], names=[documents.ID_COLUMN, *batch.schema.names]
+    )
 
 
 def jsonl_documents(
