@@ -20,9 +20,11 @@ Checksums: the list's SHA-256 column, else `URL.sha256` beside the file when the
 (its first word; `sha256sum`'s format); a file whose SHA-256 differs is removed and the run fails.
 A missing file (404, no such key) fails the run too: both as one line (DownloadError, exit 1).
 
-The output directory holds the files by their URL's last path component and `manifest.json`
-(each file's URL, name, bytes, SHA-256 and whether a checksum verified it), written last and
-atomically: a directory with a manifest holds every file it lists, complete.
+The output directory holds the files, named by their URL's last path component, and
+`manifest.json` (each file's URL, name, bytes, SHA-256 and whether a checksum verified it),
+written last and atomically: a directory with a manifest holds every file it lists, complete.
+It holds nothing else: a directory with other files is refused before anything is fetched, and
+a rerun into the directory of an earlier download of the same URLs continues it.
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ def run_download(
         raise UsageError(f"--output {output}: download writes to a local directory")
     wanted = read_source(source)
     directory = Path(paths.local_path(output))
+    _refuse_other_files(directory, wanted, output)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / MANIFEST_FILE).unlink(missing_ok=True)  # until every file is complete again
     fetched: dict[str, Fetched] = {}
@@ -167,6 +170,25 @@ def run_download(
     report = DownloadReport(files=[fetched[item.url] for item in wanted])
     paths.write_text(str(directory / MANIFEST_FILE), json.dumps(report.to_dict(), indent=2))
     return report
+
+
+def _refuse_other_files(directory: Path, wanted: list[Wanted], output: str) -> None:
+    """UsageError when `directory` holds anything but this download's files, their partial
+    files and the manifest: a download never writes among a user's other files."""
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise UsageError(f"--output {output} is a file, not a directory")
+    allowed = {MANIFEST_FILE}
+    for item in wanted:
+        allowed |= {item.name, item.name + PART_SUFFIX}
+    others = sorted(path.name for path in directory.iterdir() if path.name not in allowed)
+    if others:
+        raise UsageError(
+            f"--output {output} holds files this download does not write ({others[0]}"
+            f"{', ...' if len(others) > 1 else ''}): refused; use a new or empty directory, or "
+            "the one an earlier download of the same URLs wrote"
+        )
 
 
 def read_source(source: str) -> list[Wanted]:

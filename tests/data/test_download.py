@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from keel.core.errors import UsageError
 from keel.data.download import DownloadConfig, DownloadError, run_download
 
 SIZE = 2 << 20
@@ -193,3 +194,13 @@ def test_a_download_step_fetches_into_its_output(server, tmp_path):
     output = next((tmp_path / "prefix").glob("raw-*/step.bin"))
     assert output.read_bytes() == data and report is not None
     assert json.loads((output.parent / "manifest.json").read_text())["bytes"] == SIZE
+
+
+def test_an_output_holding_other_files_is_refused_before_any_fetch(server, tmp_path):
+    files, base = server
+    _serve(files, "other.bin")
+    (tmp_path / "notes.txt").write_text("a user's file\n")
+    files.served = {}
+    with pytest.raises(UsageError, match=r"holds files this download does not write \(notes"):
+        run_download(f"{base}/other.bin", str(tmp_path))
+    assert files.served == {} and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
