@@ -12,10 +12,11 @@ from keel.cli.output import print_json, stderr, stdout, user_errors
 from keel.cluster.backend import require_ray
 from keel.core.config import apply_overrides
 from keel.core.errors import UsageError
-from keel.core.progress import PROGRESS_FORMS, parse_progress
+from keel.core.progress import PROGRESS_FORMS, STAGES, ProgressDisplay, parse_progress
 from keel.data.decontam import DecontamConfig, EvalSet, run_decontam
 from keel.data.dedup import ExactDedupConfig, run_exact_dedup
 from keel.data.documents import StageReport
+from keel.data.download import DownloadConfig, read_source, run_download
 from keel.data.embed import EmbedConfig, run_embed
 from keel.data.extract import ExtractConfig, run_extract
 from keel.data.filter import FilterConfig, run_filter
@@ -48,6 +49,12 @@ OUTPUT = typer.Option(
     "-o",
     help="Output directory: new, empty, or a previous output of a keel data command (replaced "
     "atomically). Never an input or a directory holding one, nor a directory of other files.",
+)
+OUTPUT_DIRECTORY = typer.Option(
+    ...,
+    "--output",
+    "-o",
+    help="Local directory for the files and manifest.json; a rerun into it continues.",
 )
 WORKERS = typer.Option(None, "--workers", help="keel/flow workers (default: all cores).")
 BACKEND = typer.Option("local", "--backend", help="keel/flow backend: local or ray.")
@@ -271,6 +278,12 @@ def dedup_command(
     output: str = OUTPUT,
     mode: str = typer.Option("exact", "--mode", help="exact (same id) or fuzzy (MinHash LSH)."),
     threshold: float = typer.Option(0.8, "--threshold", help="fuzzy: Jaccard to remove at."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="fuzzy: remove near-duplicates even where a source loses more than "
+        "max_source_drop of its documents (the same as --set max_source_drop=1).",
+    ),
     overrides: list[str] = SET,
     workers: int | None = WORKERS,
     backend: str = BACKEND,
@@ -294,7 +307,9 @@ def dedup_command(
         )
     elif mode == "fuzzy":
         config = configured(FuzzyDedupConfig(threshold=threshold), overrides)
-        run_stage(
+        if force:
+            config = dataclasses.replace(config, max_source_drop=1.0)
+        report = run_stage(
             run_fuzzy_dedup,
             input,
             output,
@@ -302,8 +317,63 @@ def dedup_command(
             flow_options(workers, backend, progress, quiet),
             as_json,
         )
+        if not as_json:
+            show_source_losses(report.details["sources"])
     else:
         raise UsageError(f"--mode {mode!r}: use exact or fuzzy")
+
+
+def show_source_losses(losses: dict[str, dict], shown: int = 10) -> None:
+    """The sources that lost the largest fractions of their documents (those that lost any)."""
+    losing = sorted(losses.items(), key=lambda item: -item[1]["fraction"])
+    losing = [(source, row) for source, row in losing if row["removed"]][:shown]
+    if losing:
+        stdout.print("  lost per source:")
+    for source, row in losing:
+        stdout.print(
+            f"    {source}: {row['fraction']:.1%} ({row['removed']:,} of {row['documents']:,})"
+        )
+
+
+@app.command("download")
+@user_errors
+def download_command(
+    source: str = typer.Argument(
+        ...,
+        help="A URL (http(s)://, s3://, gs://) or a local file listing URLs, one a line, each "
+        "optionally followed by its SHA-256.",
+    ),
+    output: str = OUTPUT_DIRECTORY,
+    concurrency: int = typer.Option(8, "--concurrency", help="Files fetched at once."),
+    overrides: list[str] = SET,
+    progress: str | None = PROGRESS,
+    quiet: bool = QUIET,
+    as_json: bool = JSON,
+) -> None:
+    """Fetch raw files, resumably (a rerun fetches only the missing bytes), checksum-verified
+    (a URL list's SHA-256 column or URL.sha256 beside the file); writes manifest.json.
+
+    Example: keel data download urls.txt --output raw/ --concurrency 16
+    """
+    config = configured(DownloadConfig(concurrency=concurrency), overrides)
+    style = STAGES if progress is None and not quiet else parse_progress(progress, quiet)
+    with ProgressDisplay(style) as display:
+        files = display.task("download", total=len(read_source(source)), unit="files")
+        done: list[int] = []
+
+        def on_file(fetched) -> None:
+            done.append(fetched.bytes)
+            files.update(len(done), bytes=f"{sum(done):,} bytes")
+
+        report = run_download(source, output, config, on_file=on_file)
+        files.finish()
+    if as_json:
+        print_json(report.to_dict())
+        return
+    stdout.print(
+        f"[bold]download[/]: {len(report.files):,} files, {report.bytes:,} bytes "
+        f"({report.fetched_bytes:,} fetched now) -> {output}"
+    )
 
 
 @app.command("decontam")

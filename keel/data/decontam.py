@@ -39,10 +39,10 @@ import pyarrow.parquet as pq
 
 from keel.core import paths
 from keel.core.errors import UsageError
-from keel.data import documents, ngrams
+from keel.data import documents, inputs, ngrams
 from keel.data.bloom import BloomFilter
 from keel.data.documents import StageReport
-from keel.flow import RunOptions, pooled, read_parquet
+from keel.flow import RunOptions, pooled
 from keel.flow.readers import parquet_schema
 from keel.flow.readers import read_jsonl as read_jsonl_file
 from keel.flow.readers import read_parquet as read_parquet_file
@@ -185,18 +185,17 @@ def run_decontam(
 ) -> StageReport:
     """Drop (or clean) the documents of `input` that share n-grams with the eval sets; write the
     rest to `output` with contaminated.parquet, report.json and stage.json, committed together."""
-    glob = documents.parquet_glob(input)
     with documents.stage_output(output, input) as staging, pooled(options) as run_options:
         index = build_index(config)
         detect = functools.partial(_detect_batch, index=index, config=config)
-        flagged = read_parquet(glob, columns=[documents.ID_COLUMN, documents.TEXT_COLUMN])
+        flagged = inputs.read_documents(input, columns=[documents.ID_COLUMN, documents.TEXT_COLUMN])
         table = flagged.map_batches(detect).to_table(options=run_options)
         if table.num_rows == 0:
             table = _FLAGGED.empty_table()
         candidates = table.column("id").unique()
         apply = functools.partial(_apply_batch, index=index, config=config, ids=candidates)
         written = (
-            read_parquet(glob)
+            inputs.read_documents(input)
             .map_batches(apply)
             .write_parquet(staging, options=run_options, commit=False)
         )

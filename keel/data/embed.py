@@ -28,8 +28,9 @@ import xxhash
 from keel.core import paths
 from keel.core.errors import UsageError
 from keel.data.documents import ID_COLUMN, TEXT_COLUMN, StageReport, parquet_glob, stage_output
+from keel.data.inputs import read_documents
 from keel.data.kmeans import fit_kmeans, nearest
-from keel.flow import Dataset, RunOptions, from_files, pooled, read_parquet
+from keel.flow import Dataset, RunOptions, pooled, read_parquet
 
 logger = logging.getLogger(__name__)
 
@@ -320,11 +321,11 @@ def run_embed(
     glob) and write them to `output`, with the model (embed_model.parquet) and stage.json,
     committed together."""
     with stage_output(output, input) as staging, pooled(options) as options:  # one pool
-        documents = _documents(parquet_glob(input))
+        documents = read_documents(input)
         if config.model_path is not None:
             model = load_model(config.model_path, config)
         else:
-            count = _documents(parquet_glob(input), [ID_COLUMN]).count(options=options)
+            count = read_documents(input, columns=[ID_COLUMN]).count(options=options)
             model = fit_model(documents, count, config, options)
         result = documents.map_batches(lambda b: embed_batch(b, model)).write_parquet(
             staging, options=options, commit=False
@@ -332,7 +333,8 @@ def run_embed(
         save_model(model, paths.join(staging, MODEL_FILE))
         sizes = np.zeros(config.clusters, dtype=np.int64)
         if result.rows:
-            clusters = _documents(parquet_glob(staging), [CLUSTER_COLUMN]).to_table(options)
+            written = read_parquet(parquet_glob(staging), columns=[CLUSTER_COLUMN])
+            clusters = written.to_table(options)
             sizes += np.bincount(clusters.column(CLUSTER_COLUMN).to_numpy(), minlength=sizes.size)
         report = _report(result, model, sizes, config)
         report.write(staging)
@@ -354,9 +356,3 @@ def _report(result, model: EmbedModel, sizes: np.ndarray, config: EmbedConfig) -
             "cluster_sizes": sizes.tolist(),
         },
     )
-
-
-def _documents(pattern: str, columns: list[str] | None = None) -> Dataset:
-    if pattern.lower().endswith(".parquet"):
-        return read_parquet(pattern, columns=columns)
-    return from_files(pattern)

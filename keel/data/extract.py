@@ -44,7 +44,7 @@ from resiliparse.parse.encoding import bytes_to_str, detect_encoding
 
 from keel.core import paths
 from keel.core.errors import UsageError
-from keel.data import documents
+from keel.data import documents, inputs
 from keel.flow import Dataset, FlowResult, RunOptions, from_items, pooled, read_parquet
 from keel.flow.ops import Row
 
@@ -112,15 +112,17 @@ def run_extract(
     (documents.document_id of it); the other columns are kept. Dropped, by reason: "missing_html"
     (null), "no_main_text" (nothing extracted), "empty_after_normalization"."""
     with documents.stage_output(output, input) as staging:
-        glob = documents.parquet_glob(input)
-        schema = read_parquet(glob).source.schema
-        if schema is not None and config.html_field not in schema.names:
+        names = inputs.column_names(input)
+        if names is not None and config.html_field not in names:
             raise UsageError(
                 f"{input} has no column {config.html_field!r} (columns: "
-                f"{', '.join(schema.names)}): set ExtractConfig.html_field to the column that "
+                f"{', '.join(names)}): set ExtractConfig.html_field to the column that "
                 "holds the HTML"
             )
-        staged = read_parquet(glob).map_batches(functools.partial(extract_batch, config=config))
+        docs = inputs.read_documents(
+            input, fields={config.html_field: pa.string()}, require_text=False
+        )
+        staged = docs.map_batches(functools.partial(extract_batch, config=config))
         report = documents.StageReport(STAGE, details={"config": dataclasses.asdict(config)})
         with pooled(options) as options:
             write_with_drops(staged, staging, report, options)

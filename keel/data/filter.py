@@ -32,9 +32,9 @@ import pyarrow.compute as pc
 
 from keel.core.config import to_dict
 from keel.core.errors import UsageError
-from keel.data import documents
+from keel.data import documents, inputs
 from keel.data.langid import LANGUAGE_COLUMN
-from keel.flow import RunOptions, read_parquet
+from keel.flow import RunOptions
 
 STAGE = "filter"
 
@@ -95,6 +95,11 @@ def rules(config: FilterConfig) -> list[Rule]:
     return active
 
 
+def rule_type(rule: Rule) -> pa.DataType:
+    """The type of the column a rule reads: strings for "in", numbers otherwise."""
+    return pa.string() if rule.kind == "in" else pa.float64()
+
+
 def first_failed_rule(batch: pa.RecordBatch | pa.Table, active: Sequence[Rule]) -> np.ndarray:
     """Per row: the index in `active` of the first rule it fails, or -1 when it passes all
     (int64 [rows])."""
@@ -121,11 +126,8 @@ def run_filter(
     """Keep the documents of `input` that pass every rule of `config`, into `output`."""
     with documents.stage_output(output, input) as staging:
         active = rules(config)
-        glob = documents.parquet_glob(input)
-        schema = read_parquet(glob).source.schema
-        missing = [
-            rule for rule in active if schema is not None and rule.column not in schema.names
-        ]
+        names = inputs.column_names(input)
+        missing = [rule for rule in active if names is not None and rule.column not in names]
         if missing:
             raise UsageError(
                 f"{input} has no column {missing[0].column!r}, which "
@@ -140,11 +142,15 @@ def run_filter(
         def passing(batch: pa.RecordBatch) -> pa.RecordBatch:
             return batch.filter(pa.array(first_failed_rule(batch, active) < 0))
 
+        fields = {rule.column: rule_type(rule) for rule in active}  # JSONL: typed fields
         found = documents.count_drops(
-            read_parquet(glob, columns=columns).map_batches(drops_by_reason), options
+            inputs.read_documents(input, columns=columns, fields=fields).map_batches(
+                drops_by_reason
+            ),
+            options,
         )
         written = (
-            read_parquet(glob)
+            inputs.read_documents(input, fields=fields)
             .map_batches(passing)
             .write_parquet(staging, options=options, commit=False)
         )

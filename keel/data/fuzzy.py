@@ -4,26 +4,37 @@
 
     report = run_fuzzy_dedup("unique_docs/", "fuzzy_docs/", FuzzyDedupConfig(threshold=0.8))
 
-How (three passes over the input, each on keel/flow workers):
+How (four passes over the input, each on keel/flow workers):
 1. Signatures and buckets: workers compute each document's MinHash signature (minhash.py) and its
    band keys; a group_by on the band key collects each bucket; buckets of two or more documents
    come back to the coordinator as lists of ids in input order. Only (band key, id) pairs are
    shuffled, 14 small rows per document.
-2. Candidates: the documents found in some bucket are read again and their signatures recomputed,
-   which gives the coordinator their input order, sources and signatures (a few percent of a real
-   corpus: near-duplicate candidates, not documents, are what the coordinator holds).
-3. The kept documents: the input without the removed ids, written by keel/flow.
-Between 2 and 3 the coordinator verifies candidates and clusters them: within a bucket, a document
-is linked to an earlier one whose estimated Jaccard (the fraction of equal signature entries) is at
-least `threshold`; the connected components of these links (union-find) are the clusters. Each
-cluster keeps its first document in input order, as exact dedup and keel/flow's deduplicate do, so
-running exact then fuzzy dedup keeps originals over later copies. The rest are removed, each with
-`duplicate_of` = the kept document and `similarity` = its estimated Jaccard to that document.
-Because clusters are connected components, a document linked to the kept one only through a chain
-(A ~ B ~ C) is removed too, and its similarity to the kept one can be below the threshold.
+2. Candidates: the documents found in some bucket are read again and their shingle sets computed
+   (the sorted unique hashes of their word n-grams), which gives the coordinator their input
+   order, sources and shingles (a few percent of a real corpus: near-duplicate candidates, not
+   documents, are what the coordinator holds).
+3. Sources: documents per source, counted from the source column alone.
+4. The kept documents: the input without the removed ids, written by keel/flow.
+Between 2 and 4 the coordinator verifies and clusters the candidates (fuzzy_clusters.py): each is
+compared, on the true Jaccard of the shingle sets (not the signature's estimate), with the
+representatives (kept documents) it shares a bucket with; at `threshold` or above it is removed
+and linked to the most similar of them, else it becomes a representative. Representatives are
+taken in input order, as exact dedup and keel/flow's deduplicate keep the first, so running
+exact then fuzzy dedup keeps originals over later copies. There are no transitive chains: with
+A ~ B ~ C but A !~ C, B is removed and A and C are kept.
+
+Output: the kept documents, removed.parquet (`duplicate_of` = the representative, `similarity` =
+the true Jaccard), evidence.parquet (removed and kept id, Jaccard, shared shingles, each one's
+shingle count: every removal can be recomputed), stage.json with `details.sources` (documents,
+removed and the fraction lost, per source) and the pairs compared and rejected by verification.
+The source guard: a run that would remove more than `max_source_drop` of the documents of any
+source of at least `guard_min_documents` fails with one line and writes nothing (a whole source
+reduced to a handful of documents is far more often a bug than a repetitive source; raise the
+limit or pass --force when it is real).
 
 Repeated ids (exact copies: run exact dedup first) are handled: all copies of a removed id are
 removed; a kept id keeps its first copy, and the output is then in id-hash order (deduplicate).
+The input is a document set, Parquet, JSONL or text files (keel.data.inputs).
 """
 
 from __future__ import annotations
@@ -34,19 +45,29 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
+from keel.core import paths
 from keel.core.errors import UsageError
-from keel.data import documents, minhash
+from keel.data import documents, inputs, minhash
 from keel.data.dedup import (
     REMOVED_SCHEMA,
-    add_ids,
-    has_column,
+    present,
     require_text,
     table_or_empty,
-    with_ids_if_missing,
     write_removed,
 )
-from keel.flow import RunOptions, pooled, read_parquet
+from keel.data.fuzzy_clusters import (
+    EVIDENCE_FILE,
+    EVIDENCE_SCHEMA,
+    NO_SOURCE,
+    Clustering,
+    check_source_losses,
+    link_to_representatives,
+    source_losses,
+)
+from keel.data.inputs import Input
+from keel.flow import RunOptions, pooled
 from keel.flow.ops import Row
 
 STAGE = "fuzzy_dedup"
@@ -67,15 +88,21 @@ class FuzzyDedupConfig:
     ngram: int = 5
     """Words per shingle."""
     threshold: float = 0.8
-    """Estimated Jaccard similarity (of word n-gram sets) at or above which two candidates are
-    near-duplicates."""
+    """True Jaccard similarity of two documents' word n-gram sets at or above which the later is
+    a near-duplicate of the earlier (LSH only proposes the pairs)."""
     seed: int = 1
     """Seed of the permutations and band keys: signatures compare only under the same seed."""
     num_shards: int | None = None
     """Shuffle partitions of the band keys (default: the number of input files)."""
+    max_source_drop: float = 0.5
+    """The largest fraction of any one source's documents the stage may remove; a run that would
+    remove more fails and writes nothing (`--force` on the command line lifts the limit)."""
+    guard_min_documents: int = 100
+    """Sources with fewer documents are reported but not guarded (two of three copies is not a
+    bug)."""
 
     def __post_init__(self) -> None:
-        for name in ("num_perm", "bands", "rows", "ngram"):
+        for name in ("num_perm", "bands", "rows", "ngram", "guard_min_documents"):
             if getattr(self, name) < 1:
                 raise UsageError(
                     f"FuzzyDedupConfig.{name} must be at least 1, got {getattr(self, name)}"
@@ -88,6 +115,10 @@ class FuzzyDedupConfig:
             )
         if not 0.0 < self.threshold <= 1.0:
             raise UsageError(f"FuzzyDedupConfig.threshold must be in (0, 1], got {self.threshold}")
+        if not 0.0 <= self.max_source_drop <= 1.0:
+            raise UsageError(
+                f"FuzzyDedupConfig.max_source_drop must be in [0, 1], got {self.max_source_drop}"
+            )
         if self.num_shards is not None and self.num_shards < 1:
             raise UsageError(
                 f"FuzzyDedupConfig.num_shards must be at least 1, got {self.num_shards}"
@@ -95,34 +126,37 @@ class FuzzyDedupConfig:
 
 
 def run_fuzzy_dedup(
-    input: str,
+    input: Input,
     output: str,
     config: FuzzyDedupConfig = FuzzyDedupConfig(),
     options: RunOptions | None = None,
 ) -> documents.StageReport:
-    """Remove near-duplicates from the document set `input`; write the kept documents,
-    removed.parquet and stage.json to `output`, committed together."""
-    glob = documents.parquet_glob(input)
-    docs = read_parquet(glob)
-    require_text(docs, input)
-    has_ids = has_column(docs, documents.ID_COLUMN)
+    """Remove near-duplicates from the documents of `input`; write the kept documents,
+    removed.parquet, evidence.parquet and stage.json to `output`, committed together.
+    SourceGuardError (nothing written) when a source would lose more than
+    `config.max_source_drop` of its documents."""
+    names = inputs.column_names(input)
+    require_text(names, input)
     with documents.stage_output(output, input) as staging, pooled(options) as options:
-        buckets = find_buckets(glob, has_ids, config, docs.source.num_shards, options)
+        buckets = find_buckets(input, names, config, options)
         candidates = list(dict.fromkeys(doc_id for bucket in buckets for doc_id in bucket))
-        found = candidate_signatures(glob, has_ids, candidates, config, options)
-        removed, copies_kept = cluster(buckets, found, config.threshold)
+        found = candidate_shingles(input, names, candidates, config, options)
+        removed, evidence, copies_kept, clustering = cluster(buckets, found, config.threshold)
+        losses = source_losses(source_counts(input, names, options), removed["source"].to_pylist())
+        check_source_losses(losses, config.max_source_drop, config.guard_min_documents)
         # the kept documents: all but the removed ids (a kept id's copies share its id, so they
         # are left to deduplicate)
-        kept = with_ids_if_missing(docs, has_ids)
+        kept = inputs.read_documents(input)  # with ids computed where the input has none
         removed_ids = pc.unique(
             removed.filter(pc.not_equal(removed["id"], removed["duplicate_of"])).column("id")
         )
         if len(removed_ids):
             kept = kept.filter(~pc.field(documents.ID_COLUMN).isin(removed_ids))
         if copies_kept:
-            kept = kept.deduplicate(documents.ID_COLUMN, num_shards=docs.source.num_shards)
+            kept = kept.deduplicate(documents.ID_COLUMN, num_shards=config.num_shards)
         result = kept.write_parquet(staging, options=options, commit=False)
         write_removed(staging, removed)
+        write_evidence(staging, evidence)
         report = documents.StageReport(
             STAGE,
             documents_in=result.stages[0].rows_in,
@@ -131,6 +165,9 @@ def run_fuzzy_dedup(
                 "buckets": len(buckets),
                 "candidates": len(candidates),
                 "clusters": len(pc.unique(removed.column("duplicate_of"))),
+                "pairs_compared": clustering.pairs_compared,
+                "pairs_rejected": clustering.pairs_rejected,
+                "sources": losses,
                 "config": asdict(config),
             },
         )
@@ -139,21 +176,57 @@ def run_fuzzy_dedup(
     return report
 
 
+def source_counts(input: Input, names: list[str] | None, options: RunOptions) -> dict[str, int]:
+    """Documents per source (NO_SOURCE for none), counted in one pass over the source column."""
+    if names is not None and documents.SOURCE_COLUMN not in names:
+        column = documents.TEXT_COLUMN  # no sources: count rows of any column
+    else:
+        column = documents.SOURCE_COLUMN
+    table = (
+        inputs.read_documents(input, columns=[column])
+        .map_batches(functools.partial(_count_sources, column=column))
+        .to_table(options=options)
+    )
+    totals: dict[str, int] = {}
+    if table.num_rows:
+        for source, count in zip(
+            table.column("source").to_pylist(), table.column("count").to_pylist(), strict=True
+        ):
+            totals[source] = totals.get(source, 0) + count
+    return totals
+
+
+def _count_sources(batch: pa.RecordBatch, column: str) -> pa.RecordBatch:
+    if column == documents.SOURCE_COLUMN:
+        values = batch.column(column).fill_null(NO_SOURCE)
+    else:
+        values = pa.array([NO_SOURCE] * batch.num_rows, pa.string())
+    counts = pc.value_counts(values)
+    return pa.RecordBatch.from_arrays(
+        [counts.field("values").cast(pa.string()), counts.field("counts")],
+        names=["source", "count"],
+    )
+
+
+def write_evidence(output: str, evidence: pa.Table) -> None:
+    """Write evidence.parquet (EVIDENCE_SCHEMA, zstd) into the output directory."""
+    with paths.open_file(paths.join(output, EVIDENCE_FILE), "wb") as handle:
+        pq.write_table(evidence.cast(EVIDENCE_SCHEMA), handle, compression="zstd")
+
+
 # -- pass 1: band keys -> buckets ------------------------------------------------------------------
 def find_buckets(
-    glob: str,
-    has_ids: bool,
-    config: FuzzyDedupConfig,
-    input_shards: int,
-    options: RunOptions,
+    input: Input, names: list[str] | None, config: FuzzyDedupConfig, options: RunOptions
 ) -> list[tuple[str, ...]]:
     """Every LSH bucket of two or more documents, as their ids in input order; a bucket found in
     several bands (a near-duplicate pair shares most) once."""
-    columns = [documents.TEXT_COLUMN] + ([documents.ID_COLUMN] if has_ids else [])
+    docs = inputs.read_documents(
+        input, columns=present(names, [documents.TEXT_COLUMN, documents.ID_COLUMN])
+    )
+    num_shards = config.num_shards or max(1, docs.source.num_shards)
     table = (
-        read_parquet(glob, columns=columns)
-        .map_batches(functools.partial(band_rows, config=config))
-        .group_by(_BAND, bucket_members, num_shards=config.num_shards or max(1, input_shards))
+        docs.map_batches(functools.partial(band_rows, config=config))
+        .group_by(_BAND, bucket_members, num_shards=num_shards)
         .to_table(options=options)
     )
     members = table.column("members").to_pylist() if table.num_rows else []
@@ -162,8 +235,6 @@ def find_buckets(
 
 def band_rows(batch: pa.RecordBatch, config: FuzzyDedupConfig) -> pa.RecordBatch:
     """map_batches: documents -> one (band key, id) row per band of each document with words."""
-    if documents.ID_COLUMN not in batch.schema.names:
-        batch = add_ids(batch)
     signature = minhash.signatures(
         batch.column(documents.TEXT_COLUMN), config.num_perm, config.ngram, config.seed
     )
@@ -183,36 +254,41 @@ def bucket_members(key: int, rows: list[Row]) -> Row | None:
 
 
 # -- pass 2 and clustering: candidates only -------------------------------------------------------
-def candidate_signatures(
-    glob: str,
-    has_ids: bool,
+def candidate_shingles(
+    input: Input,
+    names: list[str] | None,
     candidates: list[str],
     config: FuzzyDedupConfig,
     options: RunOptions | None,
 ) -> pa.Table:
-    """Rows (id, source, signature) of every input document whose id is in `candidates`, in input
-    order (repeated ids included)."""
+    """Rows (id, source, shingles: the sorted unique uint64 hashes of the document's shingles) of
+    every input document whose id is in `candidates`, in input order (repeated ids included)."""
     if not candidates:
-        return pa.table({"id": pa.array([], pa.string()), "source": pa.array([], pa.string())})
+        return pa.table(
+            {
+                "id": pa.array([], pa.string()),
+                "source": pa.array([], pa.string()),
+                "shingles": pa.array([], pa.list_(pa.uint64())),
+            }
+        )
     wanted = pc.field(documents.ID_COLUMN).isin(pa.array(candidates, pa.string()))
-    names = read_parquet(glob).source.schema.names
-    columns = [
-        name
-        for name in (documents.ID_COLUMN, documents.TEXT_COLUMN, documents.SOURCE_COLUMN)
-        if name in names
-    ]
-    docs = read_parquet(glob, columns=columns, filter=wanted if has_ids else None)
-    if not has_ids:
-        docs = docs.map_batches(add_ids).filter(wanted)
-    return docs.map_batches(functools.partial(signature_rows, config=config)).to_table(
+    columns = present(names, [documents.ID_COLUMN, documents.TEXT_COLUMN, documents.SOURCE_COLUMN])
+    docs = inputs.read_documents(input, columns=columns, filter=wanted)  # ids added if missing
+    return docs.map_batches(functools.partial(shingle_rows, config=config)).to_table(
         options=options
     )
 
 
-def signature_rows(batch: pa.RecordBatch, config: FuzzyDedupConfig) -> pa.RecordBatch:
-    """map_batches: documents -> (id, source, signature: fixed-size list of num_perm uint32)."""
-    signature = minhash.signatures(
-        batch.column(documents.TEXT_COLUMN), config.num_perm, config.ngram, config.seed
+def shingle_rows(batch: pa.RecordBatch, config: FuzzyDedupConfig) -> pa.RecordBatch:
+    """map_batches: documents -> (id, source, shingles: list of sorted unique uint64)."""
+    words = minhash.normalized_words(batch.column(documents.TEXT_COLUMN))
+    hashes, offsets = minhash.shingle_hashes(words, config.ngram)
+    unique = [np.unique(hashes[offsets[d] : offsets[d + 1]]) for d in range(batch.num_rows)]
+    sizes = np.array([len(values) for values in unique], dtype=np.int64)
+    flat = np.concatenate(unique) if unique else np.zeros(0, np.uint64)
+    lists = pa.ListArray.from_arrays(
+        pa.array(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)),
+        pa.array(flat, pa.uint64()),
     )
     names = batch.schema.names
     source = (
@@ -220,99 +296,73 @@ def signature_rows(batch: pa.RecordBatch, config: FuzzyDedupConfig) -> pa.Record
         if documents.SOURCE_COLUMN in names
         else pa.nulls(batch.num_rows, pa.string())
     )
-    flat = pa.array(signature.reshape(-1), pa.uint32())
     return pa.RecordBatch.from_arrays(
-        [
-            batch.column(documents.ID_COLUMN),
-            source,
-            pa.FixedSizeListArray.from_arrays(flat, config.num_perm),
-        ],
-        names=["id", "source", "signature"],
+        [batch.column(documents.ID_COLUMN), source, lists], names=["id", "source", "shingles"]
     )
 
 
 def cluster(
     buckets: list[tuple[str, ...]], found: pa.Table, threshold: float
-) -> tuple[pa.Table, bool]:
-    """Verify the buckets' documents, cluster them, keep the first of each cluster.
+) -> tuple[pa.Table, pa.Table, bool, Clustering]:
+    """Verify the buckets' documents on their true Jaccard and link each removed one to its
+    representative (fuzzy_clusters.link_to_representatives).
 
-    `found`: candidate_signatures' rows, in input order. Returns removed.parquet's rows (in input
-    order) and whether some kept id has repeated copies in the input."""
+    `found`: candidate_shingles' rows, in input order. Returns removed.parquet's rows (in input
+    order), evidence.parquet's rows (the same order), whether some kept id has repeated copies
+    in the input, and the clustering's counts."""
     if found.num_rows == 0:
-        return REMOVED_SCHEMA.empty_table(), False
+        nothing = Clustering((), 0, 0)
+        return REMOVED_SCHEMA.empty_table(), EVIDENCE_SCHEMA.empty_table(), False, nothing
     ids = found.column("id").to_pylist()
     first = {doc_id: row for row, doc_id in reversed(list(enumerate(ids)))}
     order = sorted(first.values())  # candidate index -> its first row; index order = input order
     index = {ids[row]: number for number, row in enumerate(order)}
-    signature = (
-        found.column("signature").combine_chunks().flatten().to_numpy().reshape(found.num_rows, -1)
-    )[order]
-    parent = np.arange(len(order))
-    for bucket in buckets:
-        members = sorted(dict.fromkeys(index[doc_id] for doc_id in bucket))
-        link_bucket(members, signature, threshold, parent)
-    root = np.array([_find(parent, node) for node in range(len(order))])
-    similarity = minhash.estimated_jaccard(signature, signature[root])
+    column = found.column("shingles")
+    shingles = [
+        np.asarray(column[row].values.to_numpy(zero_copy_only=False), dtype=np.uint64)
+        for row in order
+    ]
+    clustering = link_to_representatives(
+        [[index[doc_id] for doc_id in bucket] for bucket in buckets], shingles, threshold
+    )
+    kept_of = np.arange(len(order))
+    similarity = np.ones(len(order))
+    shared = np.array([len(values) for values in shingles], dtype=np.int64)
+    for link in clustering.links:
+        kept_of[link.removed] = link.kept
+        similarity[link.removed] = link.jaccard
+        shared[link.removed] = link.shared
 
     rows = np.array([index[doc_id] for doc_id in ids])
     is_copy = np.ones(len(ids), dtype=bool)
     is_copy[order] = False
-    removed_rows = np.flatnonzero((root[rows] != rows) | is_copy)
-    copies_kept = bool(np.any(is_copy & (root[rows] == rows)))
+    removed_rows = np.flatnonzero((kept_of[rows] != rows) | is_copy)
+    copies_kept = bool(np.any(is_copy & (kept_of[rows] == rows)))
     candidate_ids = found.column("id").take(pa.array(order))
+    removed_ids = found.column("id").take(pa.array(removed_rows))
+    kept_ids = candidate_ids.take(pa.array(kept_of[rows[removed_rows]]))
+    sizes = np.array([len(values) for values in shingles], dtype=np.int64)
     removed = pa.table(
         {
-            "id": found.column("id").take(pa.array(removed_rows)),
-            "duplicate_of": candidate_ids.take(pa.array(root[rows[removed_rows]])),
+            "id": removed_ids,
+            "duplicate_of": kept_ids,
             "similarity": similarity[rows[removed_rows]],
             "source": found.column("source").take(pa.array(removed_rows)),
         }
     )
-    return table_or_empty(removed, REMOVED_SCHEMA), copies_kept
-
-
-def link_bucket(
-    members: list[int], signature: np.ndarray, threshold: float, parent: np.ndarray
-) -> None:
-    """Union each member (candidate indices, ascending = input order) with an earlier member of
-    the bucket whose estimated Jaccard to it is >= threshold. Earlier members not linked to
-    anything ("heads") are tried first, then the others: a bucket of n copies costs n
-    comparisons, a bucket of unrelated documents (a band-key accident) n**2 / 2."""
-    heads = [members[0]]
-    for position in range(1, len(members)):
-        member = members[position]
-        match = _first_match(signature, member, heads, threshold)
-        if match is None:
-            head_set = set(heads)
-            others = [earlier for earlier in members[:position] if earlier not in head_set]
-            match = _first_match(signature, member, others, threshold)
-        if match is None:
-            heads.append(member)
-        else:
-            _union(parent, member, match)
-
-
-def _first_match(
-    signature: np.ndarray, member: int, earlier: list[int], threshold: float
-) -> int | None:
-    if not earlier:
-        return None
-    similar = minhash.estimated_jaccard(signature[earlier], signature[member]) >= threshold
-    hit = np.flatnonzero(similar)
-    return earlier[hit[0]] if len(hit) else None
-
-
-def _find(parent: np.ndarray, node: int) -> int:
-    root = node
-    while parent[root] != root:
-        root = parent[root]
-    while parent[node] != root:  # path compression
-        parent[node], node = root, parent[node]
-    return int(root)
-
-
-def _union(parent: np.ndarray, left: int, right: int) -> None:
-    """Join two clusters; the root is the smaller index, i.e. the earlier document."""
-    a, b = _find(parent, left), _find(parent, right)
-    if a != b:
-        parent[max(a, b)] = min(a, b)
+    evidence = pa.table(
+        {
+            "removed_id": removed_ids,
+            "kept_id": kept_ids,
+            "jaccard": similarity[rows[removed_rows]],
+            "shared_shingles": shared[rows[removed_rows]],
+            "removed_shingles": sizes[rows[removed_rows]],
+            "kept_shingles": sizes[kept_of[rows[removed_rows]]],
+        }
+    )
+    return (
+        table_or_empty(removed, REMOVED_SCHEMA),
+        table_or_empty(evidence, EVIDENCE_SCHEMA),
+        copies_kept,
+        clustering,
+    )

@@ -24,8 +24,9 @@ import xxhash
 
 from keel.core import paths
 from keel.core.errors import UsageError
-from keel.data.documents import StageReport, parquet_glob, stage_output
-from keel.flow import RunOptions, read_parquet
+from keel.data.documents import StageReport, stage_output
+from keel.data.inputs import read_documents
+from keel.flow import RunOptions
 from keel.flow.runner import place_parts
 from keel.steps import Step
 
@@ -127,7 +128,7 @@ def _take(source: MixSource, plan: SourcePlan, config: MixConfig, directory: str
         extra = _unit_hash(document["id"], seed) < fraction
         return [{**document, "mix_source": name, "epoch": epoch} for epoch in range(whole + extra)]
 
-    dataset = read_parquet(parquet_glob(source.input)).flat_map(copies)
+    dataset = read_documents(source.input).flat_map(copies)
     return dataset.write_parquet(directory, options=options, commit=False)
 
 
@@ -138,7 +139,7 @@ def _unit_hash(document_id: str, seed: int) -> float:
 
 def _tokens(input: str, bytes_per_token: float, options: RunOptions | None) -> int:
     totals = (
-        read_parquet(parquet_glob(input), columns=["text"])
+        read_documents(input, columns=["text"])
         .map_batches(lambda batch: _batch_tokens(batch, bytes_per_token))
         .to_table(options)
     )

@@ -47,10 +47,10 @@ import xxhash
 
 from keel.core import paths
 from keel.core.errors import UsageError
-from keel.data import documents
+from keel.data import documents, inputs
 from keel.data.heuristics import heuristic_columns
 from keel.data.langid import language_columns
-from keel.flow import RunOptions, read_parquet
+from keel.flow import RunOptions
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +275,7 @@ def run_quality(
             return quality_attributes(batch, model)
 
         written = (
-            read_parquet(documents.parquet_glob(input))
+            inputs.read_documents(input)
             .map_batches(annotate)
             .write_parquet(staging, options=options, commit=False)
         )
@@ -327,7 +327,7 @@ def _holdout_metrics(
 
 
 def _read_texts(input: str, limit: int | None, options: RunOptions | None) -> list[str]:
-    texts = read_parquet(documents.parquet_glob(input), columns=[documents.TEXT_COLUMN])
+    texts = inputs.read_documents(input, columns=[documents.TEXT_COLUMN])
     table = texts.to_table(options) if limit is None else texts.to_table(options, limit=limit)
     return [text or "" for text in table.column(documents.TEXT_COLUMN).to_pylist()]
 

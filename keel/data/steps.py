@@ -1,4 +1,5 @@
-"""DataKit stages as keel steps: `data_step("dedup", run_fuzzy_dedup, output_of(prev), config)`.
+"""DataKit stages as keel steps: `data_step("dedup", run_fuzzy_dedup, output_of(prev), config)`,
+and `download_step("raw", "urls.txt")` for the download stage.
 
 Every stage has the same entry point, `run(input, output, config, options) -> StageReport`, so one
 wrapper makes any of them a step: its config is the input (a path, a glob, or `output_of(step)`)
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keel.data.documents import StageReport
+from keel.data.download import DownloadConfig, run_download
 from keel.steps import Step
 
 StageRun = Callable[..., StageReport]
@@ -41,3 +43,9 @@ def data_step(
 ) -> Step:
     """A step that runs a DataKit stage over `input` into its output directory."""
     return Step(name, _RunStage(run), StageInput(input, config), version)
+
+
+def download_step(name: str, source: str, config: Any = None, version: str | None = None) -> Step:
+    """A step that downloads the URL or URL list `source` (keel.data.download) into its output
+    directory; the URL (or the list's path) and the DownloadConfig are its identity."""
+    return data_step(name, run_download, source, config or DownloadConfig(), version)

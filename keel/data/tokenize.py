@@ -31,7 +31,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from keel.core import paths
 from keel.core.errors import UsageError
-from keel.data.documents import TEXT_COLUMN, StageReport, parquet_glob, stage_output
+from keel.data.documents import TEXT_COLUMN, StageReport, stage_output
+from keel.data.inputs import read_documents
 from keel.data.token_cache import (
     TOKENIZER_FILE,
     Manifest,
@@ -39,7 +40,8 @@ from keel.data.token_cache import (
     dtype_for_vocab,
     write_manifest,
 )
-from keel.flow import Dataset, RunOptions, SkipLog, from_files, read_parquet
+from keel.flow import Dataset, RunOptions, SkipLog
+from keel.flow.ops import run_narrow
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +193,7 @@ def _tokenize_into(
     staging: str, input: str | Sequence[str], config: TokenizeConfig, options: RunOptions
 ) -> StageReport:
     """run_tokenize's work: every file of the token cache written into `staging`."""
-    docs = _read(parquet_glob(input), config.text_column)
+    docs = _read(input, config.text_column)
     if not _has_documents(docs):
         raise UsageError(f"no documents in {input}: nothing to tokenize")
     report = StageReport("tokenize")
@@ -269,7 +271,10 @@ class _TrainingTexts:
     def __iter__(self) -> Iterator[list[str]]:
         source = self.docs.source
         for shard in range(source.num_shards):
-            for batch in source.read(shard, TRAIN_BATCH_DOCUMENTS, SkipLog({}, [])):
+            for read in source.read(shard, TRAIN_BATCH_DOCUMENTS, SkipLog({}, [])):
+                batch = run_narrow(self.docs.ops, read)  # JSONL and text files: to documents
+                if batch is None:
+                    continue
                 texts = batch.column(self.column).drop_null()
                 sizes = pc.binary_length(texts.cast(pa.large_string())).to_numpy()
                 cumulative = np.cumsum(sizes) + self.bytes
@@ -282,17 +287,17 @@ class _TrainingTexts:
                     return
 
 
-def _read(pattern: str | list[str], column: str) -> Dataset:
-    docs = from_files(pattern)
-    if docs.source.format == "parquet":
-        return read_parquet(pattern, columns=[column])
-    return docs
+def _read(input: str | Sequence[str], column: str) -> Dataset:
+    """The input's `column` (keel.data.inputs: a document set, Parquet, JSONL or text files)."""
+    return read_documents(
+        input, columns=[column], fields={column: pa.string()}, require_text=column == TEXT_COLUMN
+    )
 
 
 def _has_documents(docs: Dataset) -> bool:
     """Whether the input holds a document: Parquet footers, read until one file has a row (JSONL
     input counts as non-empty here; keel/flow rejects an empty JSONL file when it reads it)."""
-    if docs.source.format != "parquet":
+    if getattr(docs.source, "format", None) != "parquet":
         return True
     for path in docs.source.files:
         with paths.open_file(path, "rb") as handle:

@@ -212,3 +212,33 @@ def test_a_data_stage_writes_progress_lines_into_a_log_and_none_with_quiet(cli):
     assert quiet.returncode == 0, quiet.stderr
     assert not re.search(r"\d+/\d+ tasks", quiet.stderr)
     assert json.loads(quiet.stdout)["documents_out"] == json.loads(shown.stdout)["documents_out"]
+
+
+def test_fuzzy_dedup_source_guard_is_one_error_line_and_force_lifts_it(cli):
+    """JSONL straight into `keel data dedup --mode fuzzy`: a source that would lose 90% stops
+    the run (exit 1, nothing written); --force runs it and prints what each source lost."""
+    import random
+
+    rng = random.Random(0)
+    vocabulary = [f"w{n}" for n in range(3000)]
+    records = []
+    for _ in range(10):  # 10 texts and 9 near copies of each: 90 of 100 "web" documents
+        words = rng.sample(vocabulary, 100)
+        for copy in range(10):
+            edited = list(words)
+            if copy:
+                edited[rng.randrange(100)] = "edited"
+            records.append({"text": " ".join(edited), "source": "web"})
+    raw = cli.root / "raw.jsonl"
+    raw.write_text("".join(json.dumps(record) + "\n" for record in records))
+    base = ["data", "dedup", "--mode", "fuzzy", "--input", str(raw), "--workers", "1"]
+    stopped = cli.run(*base, "--output", str(cli.root / "a"))
+    assert stopped.returncode == 1, stopped.stderr
+    errors = [line for line in stopped.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and stopped.stderr.splitlines()[-1] == errors[0]  # flow logs above
+    assert errors[0].startswith("error: fuzzy dedup would drop 90.0% of source 'web'")
+    assert not (cli.root / "a").exists()
+    forced = cli.run(*base, "--output", str(cli.root / "b"), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "web: 90.0% (90 of 100)" in forced.stdout
+    assert (cli.root / "b" / "evidence.parquet").exists()
