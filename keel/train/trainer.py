@@ -533,7 +533,7 @@ def _passkey(
             tokenizer = Tokenizer.from_str(load_tokenizer(data.tokenizer_path).decode("utf-8"))
             batch = passkey_batch(tokenizer, seq_len, config.batch_size, config.seed)
         if batch is None:
-            logger.info("no passkey check at seq_len %d: too short to hide a key", seq_len)
+            logger.debug("no passkey check at seq_len %d: too short to hide a key", seq_len)
         data.passkeys[seq_len] = batch
     batch = data.passkeys[seq_len]
     if batch is None:
