@@ -33,6 +33,11 @@ def dashboard_command(
     url: str | None = typer.Option(
         None, "--url", help="Show a telemetry server's runs instead (`keel logs serve`)."
     ),
+    experiments: str | None = typer.Option(
+        None,
+        "--experiments",
+        help="Experiment records to list (`keel experiment new`; default: ./experiments).",
+    ),
     port: int = typer.Option(DEFAULT_PORT, "--port", help="TCP port (0: any free port)."),
     host: str = typer.Option(
         "127.0.0.1", "--host", help="Address to listen on (not loopback: needs --token)."
@@ -59,7 +64,7 @@ def dashboard_command(
     from keel.dashboard.server import DashboardServer
     from keel.dashboard.sources import open_sources
 
-    sources = open_sources(root, url, telemetry_token)
+    sources = open_sources(root, url, telemetry_token, experiments)
     try:
         server = DashboardServer(sources, host=host, port=port, token=token)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)

@@ -15,6 +15,8 @@ a GET except the SQL box, a JSON POST; the telemetry store only runs SELECT.
     GET  /api/steps, /api/jobs          steps with state; the controller's jobs
     GET  /api/jobs/ID/logs              a job's output
     GET  /api/search?q=TEXT             task log lines containing TEXT
+    GET  /api/experiments               experiment records (keel.dashboard.experiments_view)
+    GET  /experiments/ID/report         its report.html as `keel experiment report` wrote it
     POST /api/sql {"sql": "SELECT ..."} {"columns", "rows", "total"}
 """
 
@@ -36,7 +38,7 @@ from keel.core.http_server import (
     read_json,
 )
 from keel.core.http_server import run_in_threadpool as in_pool
-from keel.dashboard import data_view, jobs, runs
+from keel.dashboard import data_view, experiments_view, jobs, runs
 from keel.dashboard.sources import Sources
 from keel.telemetry.schema import QueryLimitError, TelemetryQueryError
 from keel.telemetry.wire import json_default
@@ -56,6 +58,13 @@ SECURITY_HEADERS = {
     "frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
+}
+
+REPORT_HEADERS = {
+    **SECURITY_HEADERS,
+    # a report is one self-contained page: its own <style>, figures as data: URIs, no script
+    "Content-Security-Policy": "default-src 'none'; img-src data:; style-src 'unsafe-inline'; "
+    "frame-ancestors 'none'",
 }
 
 
@@ -82,6 +91,8 @@ class DashboardServer(ServedApi):
                 "/api/jobs/{job_id}/logs": {"GET": self._job_logs},
                 "/api/search": {"GET": self._search},
                 "/api/sql": {"POST": self._sql},
+                "/api/experiments": {"GET": self._experiments},
+                "/experiments/{record}/report": {"GET": self._report},
             }
         )
         policy = HttpPolicy(token=token or None)
@@ -137,6 +148,15 @@ class DashboardServer(ServedApi):
 
     async def _search(self, request: Request) -> Response:
         return _json(await in_pool(jobs.search_logs, self.sources, _param(request, "q")))
+
+    async def _experiments(self, request: Request) -> Response:
+        rows = await in_pool(experiments_view.list_experiments, self.sources.records)
+        return _json({"experiments": rows})
+
+    async def _report(self, request: Request) -> Response:
+        key = request.path_params["record"]
+        page = await in_pool(experiments_view.report_page, self.sources.records, key)
+        return Response(page.read_bytes(), media_type=STATIC_TYPES[".html"], headers=REPORT_HEADERS)
 
     async def _sql(self, request: Request) -> Response:
         payload = await read_json(request)

@@ -1,6 +1,8 @@
-"""A prefix with two tiny training runs, the quickstart's data stages and one finished job, built
-once per session; the dashboard served over it by `keel dashboard`; headless Chromium."""
+"""A prefix with two tiny training runs, the quickstart's data stages and one finished job, and
+beside it experiments/ with two records (one reported), built once per session; the dashboard
+served over it by `keel dashboard`; headless Chromium."""
 
+import json
 import os
 import re
 import shutil
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from browser import chromium
-from dashboard_support import JOB_OUTPUT, KEEL, RUNS, keel
+from dashboard_support import JOB_OUTPUT, KEEL, RECORDS, RUNS, keel
 
 QUICKSTART_PREFIX_ENV = "KEEL_DOCS_QUICKSTART_PREFIX"
 """Set by CI (see tests/docs): a prefix the quickstart filled, whose data stages are reused."""
@@ -40,6 +42,10 @@ def prefix(tmp_path_factory) -> Path:
         assert time.monotonic() < deadline, "the job did not finish"
         time.sleep(0.3)
     keel("cluster", "stop", "--root", cluster, cwd=work)
+    for name, hypothesis in RECORDS.items():
+        keel("experiment", "new", name, "--hypothesis", hypothesis, cwd=work)
+    reported = keel("experiment", "list", "--json", cwd=work)
+    keel("experiment", "report", json.loads(reported.stdout)["experiments"][0]["id"], cwd=work)
     return prefix
 
 
@@ -58,9 +64,11 @@ def _copy_quickstart_data(prefix: Path) -> None:
 def dashboard(prefix):
     """`keel dashboard --root PREFIX --port 0` in a subprocess: its URL."""
     log = prefix.parent / "dashboard.log"
+    records = str(prefix.parent / "experiments")
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            [*KEEL, "dashboard", "--root", str(prefix), "--port", "0"], stderr=stderr
+            [*KEEL, "dashboard", "--root", str(prefix), "--port", "0", "--experiments", records],
+            stderr=stderr,
         )
     try:
         deadline = time.monotonic() + 60

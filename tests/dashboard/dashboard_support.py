@@ -12,6 +12,11 @@ KEEL = [sys.executable, "-m", "keel"]
 RUNS = {"train-a": [], "train-b": ["--set", "optimizer.clip_norm=0.5"]}
 """Two runs whose configs differ in one key (and in the output path)."""
 JOB_OUTPUT = "hello from the job"
+RECORDS = {
+    "clip-norm": "clipping gradients at 0.5 changes nothing in 3 steps",
+    "longer-warmup": "a longer warmup lowers the loss spike",
+}
+"""Two experiment records; the first has a report (`keel experiment report`)."""
 
 
 def keel(*args, cwd, env=None, timeout=300):

@@ -8,7 +8,7 @@ import subprocess
 import pyarrow as pa
 import pytest
 from browser import wait_for
-from dashboard_support import JOB_OUTPUT, KEEL, keel, store_loss
+from dashboard_support import JOB_OUTPUT, KEEL, RECORDS, keel, store_loss
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
@@ -142,6 +142,32 @@ def test_jobs_show_their_log_lines_and_steps_their_state(browser, dashboard, tmp
     steps = browser.find_elements(By.CSS_SELECTOR, "#steps-table tbody tr")
     assert steps and all("SUCCESS" in row.text for row in steps)
     browser.save_screenshot(str(tmp_path / "dashboard-jobs.png"))
+
+
+def test_experiments_list_the_records_and_open_their_reports(browser, dashboard, tmp_path):
+    open_view(browser, dashboard, "experiments")
+    rows = wait_for(
+        browser,
+        lambda b: (
+            (r := b.find_elements(By.CSS_SELECTOR, "#experiments-table tbody tr"))
+            and len(r) == len(RECORDS)
+            and r
+        ),
+    )
+    shown = {row.find_elements(By.TAG_NAME, "td")[1].text: row for row in rows}
+    assert set(shown) == set(RECORDS)
+    for name, hypothesis in RECORDS.items():
+        assert hypothesis in shown[name].text
+    first = shown["clip-norm"]
+    record_id = first.get_attribute("data-experiment")
+    link = first.find_element(By.CSS_SELECTOR, "a.report")
+    assert not shown["longer-warmup"].find_elements(By.CSS_SELECTOR, "a.report")
+    browser.save_screenshot(str(tmp_path / "dashboard-experiments.png"))
+    browser.get(link.get_attribute("href"))
+    assert browser.title == f"experiment {record_id}: clip-norm"
+    assert RECORDS["clip-norm"] in browser.find_element(By.TAG_NAME, "body").text
+    browser.get(f"{dashboard}/experiments/19990101-01/report")
+    assert "no experiment '19990101-01'" in browser.page_source
 
 
 def test_sql_box_runs_a_select_and_refuses_writes(browser, dashboard):

@@ -1,4 +1,4 @@
-// keel dashboard: one page, four views (#runs, #run=NAME, #data, #jobs, #sql). Every view polls
+// keel dashboard: one page, its views (#runs, #run=NAME, #data, #jobs, #experiments, #sql). Every view polls
 // the server's JSON endpoints (see keel/dashboard/server.py) and redraws without a reload.
 // Charts are uPlot; window.keelCharts holds them by name (tests read their data from there).
 "use strict";
@@ -325,6 +325,25 @@ function viewJobs(main) {
   };
 }
 
+// -- experiments ----------------------------------------------------------------------------------
+
+function viewExperiments(main) {
+  main.append(el("section", {},
+    el("h2", {}, "Experiment records: hypothesis, runs, report"), el("div", { id: "experiments-box" })));
+  return async () => {
+    const { experiments } = await api("/api/experiments");
+    const rows = experiments.map((x) => el("tr", { "data-experiment": x.id }, cell(x.id),
+      cell(x.name), el("td", { class: "hypothesis" }, x.hypothesis), cell(x.status),
+      el("td", { class: "num" }, fmt(x.runs)), el("td", { class: "num" }, fmt(x.failed)),
+      el("td", {}, x.issue ? el("a", { href: x.issue, rel: "noopener" }, "issue") : ""),
+      el("td", {}, x.report
+        ? el("a", { class: "report", href: `/experiments/${encodeURIComponent(x.id)}/report`, target: "_blank" }, "report")
+        : el("span", { class: "muted" }, `keel experiment report ${x.id}`))));
+    document.getElementById("experiments-box").replaceChildren(table("experiments-table",
+      ["id", "name", "hypothesis", "status", "runs", "failed or stopped", "", "report"], rows));
+  };
+}
+
 function isoTime(text) {
   return text ? text.replace("T", " ").slice(0, 19) : "";
 }
@@ -389,7 +408,8 @@ function route() {
   for (const link of document.querySelectorAll("nav a")) {
     link.classList.toggle("active", link.dataset.view === (view === "run" ? "runs" : view));
   }
-  const views = { runs: viewRuns, data: viewData, jobs: viewJobs, sql: viewSql };
+  const views = { runs: viewRuns, data: viewData, jobs: viewJobs, experiments: viewExperiments,
+    sql: viewSql };
   refresh = view === "run" ? viewRun(main, hash.slice(4)) : (views[view] || viewRuns)(main);
   poll();
 }
