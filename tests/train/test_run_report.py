@@ -16,6 +16,7 @@ import pytest
 from mesh_support import metrics, small_dense
 
 from keel.core.config import apply_overrides
+from keel.core.errors import UsageError
 from keel.model.sharding import MeshConfig
 from keel.train.presets import preset
 from keel.train.run_report import run_report
@@ -28,15 +29,17 @@ EXPERT_PARALLEL = MeshConfig(data=1, fsdp=1, expert=4)
 
 
 def two_phase_moe(cache: str):
-    """tiny-moe, 1 dense + 1 MoE layer, 4 steps at 32 tokens then 3 at 64, expert parallel
-    over 4 devices at capacity 1.0 so that an untrained router drops."""
+    """tiny-moe, 1 dense + 1 MoE layer, 4 steps at 32 tokens then 3 at 64, expert parallel over
+    4 devices at send capacity 1.5 and receive capacity 1.0, so that an untrained router drops
+    on both sides; no evaluation."""
     config = apply_overrides(
         preset("tiny-moe"),
         [
             "model.vocab_size=512",
             "model.n_layers=2",
             "batch_size=4",
-            "model.send_capacity=1.0",
+            "eval_fraction=0",
+            "model.send_capacity=1.5",
             "model.receive_capacity=1.0",
         ],
     )
@@ -64,7 +67,7 @@ def moe_run(wikitext_cache, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def dense_run(wikitext_cache, tmp_path_factory) -> Path:
     output = tmp_path_factory.mktemp("report") / "dense"
-    config = small_dense("steps=2", "eval_every=1000", "checkpoint_every=1000")
+    config = small_dense("steps=1", "eval_fraction=0", "checkpoint_every=1000")
     train(config.with_data((wikitext_cache,)), str(output))
     return output
 
@@ -89,7 +92,8 @@ def test_the_report_holds_each_phases_means_of_the_metrics_lines(moe_run):
         (layer,) = phase.layers  # one MoE layer
         expected = np.mean([line["router"]["drop_rate_recv"][0] for line in mine])
         assert layer.drop_rate_recv == pytest.approx(expected, rel=1e-9)
-    assert sum(phase.router.drop_rate for phase in report.phases) > 0  # capacity 1.0 drops
+    for side in ("drop_rate_send", "drop_rate_recv"):  # both capacities drop
+        assert sum(getattr(phase.router, side) for phase in report.phases) > 0
     context = {row.seq_len: row for row in report.by_seq_len}
     assert sorted(context) == [SHORT, LONG]
     assert context[LONG].drop_rate == pytest.approx(report.phases[1].router.drop_rate)
@@ -116,7 +120,9 @@ def test_a_dense_run_says_it_has_no_router_and_shows_its_phases(dense_run):
     text = keel("runs", "report", str(dense_run))
     assert text.returncode == 0, text.stderr
     assert "dense run: no router" in text.stdout
-    assert json.loads(keel("runs", "report", str(dense_run), "--json").stdout)["router"] is False
+    report = run_report(str(dense_run))
+    assert not report.router and report.by_seq_len == ()
+    assert [(phase.steps, phase.router) for phase in report.phases] == [(1, None)]
 
 
 def test_a_missing_or_empty_run_is_one_error_line(tmp_path):
@@ -124,3 +130,6 @@ def test_a_missing_or_empty_run_is_one_error_line(tmp_path):
     assert missing.returncode == 2
     assert missing.stderr.strip().startswith("error:") and "not a run directory" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
+    (tmp_path / "config.yaml").write_text("steps: 3\n")  # a run that has not finished a step
+    with pytest.raises(UsageError, match=r"has no metrics\.jsonl"):
+        run_report(str(tmp_path))
