@@ -17,10 +17,8 @@ if TYPE_CHECKING:  # the report's module loads only in the command that needs it
 
 app = typer.Typer(
     name="runs",
-    help=(
-        "Commands about existing training runs: where a run branched from (lineage), its "
-        "router's drops and load per phase and context length (report)."
-    ),
+    # The first paragraph is keel/cli/main.py's COMMANDS line (tests/cli/test_lazy_cli.py).
+    help="Commands about existing training runs: where a run branched from (lineage).",
     no_args_is_help=True,
 )
 
