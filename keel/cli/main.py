@@ -75,7 +75,7 @@ COMMANDS: dict[str, LazyCommand] = {
     ),
     "runs": LazyCommand(
         "runs_commands",
-        "Commands about existing training runs: where a run branched from (lineage).",
+        "Existing training runs: where one branched from (lineage), its router report.",
     ),
     "data": LazyCommand(
         "data_commands", "DataKit: raw documents -> deduplicated, decontaminated training tokens."

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the report's module loads only in the command that needs it
 app = typer.Typer(
     name="runs",
     # The first paragraph is keel/cli/main.py's COMMANDS line (tests/cli/test_lazy_cli.py).
-    help="Commands about existing training runs: where a run branched from (lineage).",
+    help="Existing training runs: where one branched from (lineage), its router report.",
     no_args_is_help=True,
 )
 
