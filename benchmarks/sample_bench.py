@@ -101,11 +101,12 @@ class Setup:
 
 FULL = Setup(
     overrides=(
+        "batch_size=4",
         "phases.0.seq_len=512",
-        "steps=60",
-        "checkpoint_every=60",
+        "steps=30",
+        "checkpoint_every=30",
         "eval_every=1000",
-        "phases.0.schedule.warmup_steps=6",
+        "phases.0.schedule.warmup_steps=3",
     ),
     vocab=4096,
     batches=(1, 8),
@@ -386,6 +387,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--new-tokens", type=int)
     parser.add_argument("--limit", type=int, help="documents of the multiple-choice task")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        help="torch.set_num_threads (default: torch's, one per core); on a loaded machine 1 "
+        "avoids its thread pool's oversubscription",
+    )
     args = parser.parse_args()
     require_peers()
     setup = SMOKE if args.smoke else FULL
@@ -408,6 +415,8 @@ def main() -> None:
     import torch
     import transformers
 
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
     with scratch_directory(args.out, "sample-bench-") as scratch:
         os.environ.setdefault("HF_DATASETS_CACHE", str(scratch / "hf-datasets"))
         began = time.perf_counter()
