@@ -1,0 +1,121 @@
+"""The "histogram" balancing rule and the sequence-wise balance loss: the histogram rule evens
+out a skewed router like the per-batch rules do, and the sequence-wise loss cuts capacity drops
+on a router that is balanced over the batch but skewed within each sequence."""
+
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from test_router import E, K, skewed_router
+
+from keel.model.balance import initial_balance_state
+from keel.model.config import ModelConfig, RouterConfig
+from keel.model.moe import init_moe, moe_forward
+from keel.model.router import (
+    route,
+    router_metrics,
+    routing_stats,
+    sequence_balance_loss,
+    update_balance,
+    update_bias,
+)
+from keel.model.sharding import expert_mesh
+
+
+def test_histogram_rule_balances_a_skewed_router_like_the_per_batch_rule():
+    config = RouterConfig(balance="histogram")  # 10,000 bins, window 8, bias_rate 1e-3
+    x, w = skewed_router()
+    state = jax.tree.map(lambda leaf: leaf[0], initial_balance_state(config, 1, E))
+    assert state["window"].shape == (8, E, 10_000)
+
+    def step(carry, _):
+        bias, state = carry
+        stats = routing_stats(route(x, w, bias, config, K), E)
+        return update_balance(bias, state, stats, config), None
+
+    (bias, state), _ = jax.jit(lambda c: jax.lax.scan(step, c, None, length=400))(
+        (jnp.zeros(E), state)
+    )
+    metrics = router_metrics(routing_stats(route(x, w, bias, config, K), E), bias)
+    assert float(metrics["load_max_over_mean"]) < 1.2
+    assert float(metrics["load_entropy"]) > 0.98 * np.log(E)
+    assert abs(float(jnp.mean(bias))) < 1e-6
+    assert float(bias[0]) < 0 and float(bias[1]) < 0
+    assert int(state["batches"]) == 400
+    # Every slot of the window holds one batch's histogram: all T tokens, for every expert.
+    np.testing.assert_array_equal(state["window"].sum(-1), x.shape[0])
+
+
+SEQS, SEQ, D_MODEL = 4, 64, 16
+
+
+def per_sequence_skew() -> jax.Array:
+    """x [SEQS * SEQ, D_MODEL]: sequence s carries a constant feature 1 + s, which the router
+    below turns into +3 on the logits of experts 2s and 2s + 1: over the batch every expert gets
+    its share (the bias has nothing to fix), within a sequence two experts get nearly all."""
+    x = jax.random.normal(jax.random.key(2), (SEQS, SEQ, D_MODEL))
+    x = x.at[:, :, 1 : 1 + SEQS].set(jnp.eye(SEQS)[:, None, :])
+    return x.reshape(SEQS * SEQ, D_MODEL)
+
+
+def drop_rate_after_training(seq_balance_weight: float) -> float:
+    """Train one MoE block (router and experts, Adam, 60 steps) to a fixed regression target on
+    4 expert devices, one sequence each, with capacities 1.15 and the sign rule moving the
+    bias; the drop rate of the trained block."""
+    router = RouterConfig(seq_balance_weight=seq_balance_weight, bias_rate=1e-2)
+    config = ModelConfig(
+        d_model=D_MODEL,
+        n_routed_experts=8,
+        expert_ffn_dim=16,
+        top_k=2,
+        send_capacity=1.15,
+        receive_capacity=1.15,
+        router=router,
+    ).validate()
+    mesh = expert_mesh(SEQS)
+    params = init_moe(jax.random.key(3), config)
+    skew = jnp.zeros((D_MODEL, 8)).at[1 + jnp.arange(SEQS), 2 * jnp.arange(SEQS)].set(3.0)
+    skew = skew.at[1 + jnp.arange(SEQS), 2 * jnp.arange(SEQS) + 1].set(3.0)
+    params = replace(params, router=params.router + skew)
+    x = per_sequence_skew()
+    target = jnp.tanh(x @ jax.random.normal(jax.random.key(4), (D_MODEL, D_MODEL)))
+    optimizer = optax.adam(3e-2)
+
+    def loss_fn(params, bias):
+        y, stats = moe_forward(params, x, bias, config, mesh, SEQ)
+        return jnp.mean((y - target) ** 2) + seq_balance_weight * stats.seq_balance, stats
+
+    def step(carry, _):
+        params, opt_state, bias = carry
+        (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, bias)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        bias = update_bias(bias, stats, router)
+        return (optax.apply_updates(params, updates), opt_state, bias), None
+
+    @jax.jit
+    def train(params):
+        carry = (params, optimizer.init(params), jnp.zeros(8))
+        (params, _, bias), _ = jax.lax.scan(step, carry, None, length=60)
+        _, stats = loss_fn(params, bias)
+        return stats.dropped / stats.assignments
+
+    return float(train(params))
+
+
+def test_sequence_balance_loss_halves_drops_on_a_router_skewed_per_sequence():
+    without = drop_rate_after_training(0.0)
+    with_term = drop_rate_after_training(1.0)
+    assert without > 0.2, without
+    assert with_term <= 0.5 * without, (with_term, without)
+
+
+def test_sequence_balance_loss_values():
+    """1 for sequences spread evenly, E / K when each sends everything to its top K experts."""
+    even = jnp.full((SEQ, 8), 1 / 8)
+    experts = jnp.stack([jnp.arange(SEQ) % 8, (jnp.arange(SEQ) + 1) % 8], axis=1)
+    np.testing.assert_allclose(sequence_balance_loss(even, experts, 2, SEQ // 2), 1.0, 1e-6)
+    peaked = jnp.zeros((SEQ, 8)).at[:, :2].set(0.5)
+    fixed = jnp.broadcast_to(jnp.array([0, 1]), (SEQ, 2))
+    np.testing.assert_allclose(sequence_balance_loss(peaked, fixed, 2, SEQ), 4.0, 1e-6)
