@@ -8,8 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from mesh_support import run, tiny_moe
 from test_router import E, K, skewed_router
 
+from keel.core.config import apply_overrides
 from keel.model.balance import initial_balance_state
 from keel.model.config import ModelConfig, RouterConfig
 from keel.model.moe import init_moe, moe_forward
@@ -21,7 +23,9 @@ from keel.model.router import (
     update_balance,
     update_bias,
 )
-from keel.model.sharding import expert_mesh
+from keel.model.sharding import MeshConfig, expert_mesh
+from keel.train.checkpoint import Checkpoints
+from keel.train.layout import initial_state
 
 
 def test_histogram_rule_balances_a_skewed_router_like_the_per_batch_rule():
@@ -119,3 +123,45 @@ def test_sequence_balance_loss_values():
     peaked = jnp.zeros((SEQ, 8)).at[:, :2].set(0.5)
     fixed = jnp.broadcast_to(jnp.array([0, 1]), (SEQ, 2))
     np.testing.assert_allclose(sequence_balance_loss(peaked, fixed, 2, SEQ), 4.0, 1e-6)
+
+
+def test_a_sign_run_resumes_under_the_histogram_rule_and_its_state_is_checkpointed(
+    wikitext_cache, tmp_path
+):
+    """A checkpoint without rule state (a sign run's, like an older keel's) resumes under the
+    "histogram" rule from a fresh state; the state is then saved and restored with the run,
+    and the sequence-wise loss is logged."""
+    sign = apply_overrides(
+        tiny_moe(wikitext_cache, MeshConfig(data=1, fsdp=1, expert=1)),
+        ["phases.0.schedule.warmup_steps=1", "steps=2", "eval_every=2", "checkpoint_every=2"],
+    )
+    run(sign, tmp_path / "run", 1)
+    histogram = apply_overrides(
+        sign,
+        [
+            "steps=4",
+            "eval_every=4",
+            "model.router.balance=histogram",
+            "model.router.histogram_bins=1000",
+            "model.router.histogram_window=3",
+            "model.router.seq_balance_weight=0.01",
+        ],
+    )
+    rows = run(histogram, tmp_path / "run", 1)
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    assert "seq_balance_loss" not in rows[1]
+    assert all(1.0 <= row["seq_balance_loss"] <= 4.0 for row in rows[2:])  # top 2 of 8 experts
+
+    like, _, _ = initial_state(histogram, lambda _: 0.0, jax.devices()[:1])
+    checkpoints = Checkpoints(str(tmp_path / "run"), every=2, keep=3)
+    try:
+        state = checkpoints.restore(like)
+    finally:
+        checkpoints.close()
+    layers = histogram.model.n_moe_layers
+    np.testing.assert_array_equal(state.balance_state["batches"], [2] * layers)  # steps 3, 4
+    window = np.asarray(state.balance_state["window"])
+    assert window.shape == (layers, 3, 8, 1000)
+    tokens = histogram.batch_size * 64
+    np.testing.assert_array_equal(window[:, :2].sum(-1), tokens)  # one batch per used slot
+    np.testing.assert_array_equal(window[:, 2], 0.0)
