@@ -3,6 +3,7 @@ out a skewed router like the per-batch rules do, and the sequence-wise loss cuts
 on a router that is balanced over the batch but skewed within each sequence."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +25,8 @@ from keel.model.router import (
     update_bias,
 )
 from keel.model.sharding import MeshConfig, expert_mesh
-from keel.train.checkpoint import Checkpoints
+from keel.train.checkpoint import Checkpoints, TrainState
+from keel.train.config import TrainConfig
 from keel.train.layout import initial_state
 
 
@@ -125,43 +127,69 @@ def test_sequence_balance_loss_values():
     np.testing.assert_allclose(sequence_balance_loss(peaked, fixed, 2, SEQ), 4.0, 1e-6)
 
 
-def test_a_sign_run_resumes_under_the_histogram_rule_and_its_state_is_checkpointed(
-    wikitext_cache, tmp_path
-):
-    """A checkpoint without rule state (a sign run's, like an older keel's) resumes under the
-    "histogram" rule from a fresh state; the state is then saved and restored with the run,
-    and the sequence-wise loss is logged."""
-    sign = apply_overrides(
+def histogram_run(wikitext_cache) -> TrainConfig:
+    """tiny-moe cut to one MoE layer and 4 x 64 tokens, 2 steps on one device, under the
+    histogram rule (1000 bins, a window of 3) with the sequence-wise loss."""
+    return apply_overrides(
         tiny_moe(wikitext_cache, MeshConfig(data=1, fsdp=1, expert=1)),
-        ["phases.0.schedule.warmup_steps=1", "steps=2", "eval_every=2", "checkpoint_every=2"],
-    )
-    run(sign, tmp_path / "run", 1)
-    histogram = apply_overrides(
-        sign,
         [
-            "steps=4",
-            "eval_every=4",
+            "model.n_layers=1",
+            "model.n_dense_layers=0",
+            "batch_size=4",
+            "phases.0.schedule.warmup_steps=1",
+            "steps=2",
+            "eval_every=2",
+            "checkpoint_every=2",
             "model.router.balance=histogram",
             "model.router.histogram_bins=1000",
             "model.router.histogram_window=3",
             "model.router.seq_balance_weight=0.01",
         ],
     )
-    rows = run(histogram, tmp_path / "run", 1)
-    assert [row["step"] for row in rows] == [1, 2, 3, 4]
-    assert "seq_balance_loss" not in rows[1]
-    assert all(1.0 <= row["seq_balance_loss"] <= 4.0 for row in rows[2:])  # top 2 of 8 experts
 
-    like, _, _ = initial_state(histogram, lambda _: 0.0, jax.devices()[:1])
-    checkpoints = Checkpoints(str(tmp_path / "run"), every=2, keep=3)
+
+def restored(config: TrainConfig, run_dir: Path) -> TrainState:
+    """The latest checkpoint of run_dir, laid out for `config` on one device."""
+    like, _, _ = initial_state(config, lambda _: 0.0, jax.devices()[:1])
+    checkpoints = Checkpoints(str(run_dir), every=1, keep=3)
     try:
-        state = checkpoints.restore(like)
+        return checkpoints.restore(like)
     finally:
         checkpoints.close()
-    layers = histogram.model.n_moe_layers
-    np.testing.assert_array_equal(state.balance_state["batches"], [2] * layers)  # steps 3, 4
+
+
+def test_the_histogram_state_trains_and_is_checkpointed_and_the_sequence_loss_logged(
+    wikitext_cache, tmp_path
+):
+    config = histogram_run(wikitext_cache)
+    rows = run(config, tmp_path / "run", 1)
+    assert [row["step"] for row in rows] == [1, 2]
+    assert all(1.0 <= row["seq_balance_loss"] <= 4.0 for row in rows)  # top 2 of 8 experts
+
+    state = restored(config, tmp_path / "run")
+    layers = config.model.n_moe_layers
+    np.testing.assert_array_equal(state.balance_state["batches"], [2] * layers)
     window = np.asarray(state.balance_state["window"])
     assert window.shape == (layers, 3, 8, 1000)
-    tokens = histogram.batch_size * 64
+    tokens = config.batch_size * 64
     np.testing.assert_array_equal(window[:, :2].sum(-1), tokens)  # one batch per used slot
     np.testing.assert_array_equal(window[:, 2], 0.0)
+
+
+def test_a_checkpoint_without_rule_state_resumes_under_the_histogram_rule(wikitext_cache, tmp_path):
+    """A sign run's checkpoint (no balance_state, like an older keel's) restores under the
+    histogram rule with everything else as saved and the rule's state fresh."""
+    histogram = histogram_run(wikitext_cache)
+    sign = apply_overrides(histogram, ["model.router.balance=sign"])
+    saved, _, _ = initial_state(sign, lambda _: 0.0, jax.devices()[:1])
+    saved = replace(saved, router_bias=saved.router_bias + 0.25, step=saved.step + 7)
+    checkpoints = Checkpoints(str(tmp_path / "run"), every=1, keep=3)
+    checkpoints.save(saved)
+    checkpoints.close()
+
+    state = restored(histogram, tmp_path / "run")
+    assert int(state.step) == 7
+    np.testing.assert_array_equal(state.router_bias, saved.router_bias)
+    assert state.balance_state["window"].shape == (histogram.model.n_moe_layers, 3, 8, 1000)
+    assert float(state.balance_state["window"].sum()) == 0.0
+    assert int(state.balance_state["batches"].sum()) == 0
