@@ -193,3 +193,15 @@ def test_a_checkpoint_without_rule_state_resumes_under_the_histogram_rule(wikite
     assert state.balance_state["window"].shape == (histogram.model.n_moe_layers, 3, 8, 1000)
     assert float(state.balance_state["window"].sum()) == 0.0
     assert int(state.balance_state["batches"].sum()) == 0
+
+
+def test_histograms_add_over_expert_devices():
+    router = RouterConfig(balance="histogram", histogram_bins=100)
+    config = ModelConfig(d_model=16, n_routed_experts=8, expert_ffn_dim=8, router=router)
+    params = init_moe(jax.random.key(0), config.validate())
+    x = jax.random.normal(jax.random.key(1), (4 * 32, 16))
+    forward = jax.jit(moe_forward, static_argnums=(3, 4))
+    _, stats = forward(params, x, jnp.zeros(8), config, expert_mesh(4))
+    _, whole = forward(params, x, jnp.zeros(8), config, None)
+    np.testing.assert_array_equal(stats.bias_target, whole.bias_target)
+    np.testing.assert_array_equal(stats.bias_target.sum(-1), x.shape[0])  # every token, per expert
