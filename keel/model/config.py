@@ -22,13 +22,24 @@ class RouterConfig:
     """The balancing rule (keel/model/balance.py's registry) that moves the per-expert bias each
     step: "sign" (DeepSeek-V3: b += rate * sign(mean - load)), "quantile" (b moves toward the
     bias that would give each expert tokens * top_k / experts selections, read off per-expert
-    score quantiles), "none", or any rule registered with register_balance_rule."""
+    score quantiles), "histogram" ("quantile" read off per-expert score-margin histograms summed
+    over the last histogram_window batches), "none", or any rule registered with
+    register_balance_rule."""
     bias_rate: float = 1e-3
     """Step size of the bias update (score units per step)."""
     normalize_gates: bool = True
     """Divide the top-k gates by their sum (the gates come from unbiased scores)."""
     z_loss_weight: float = 1e-3
     """Weight of the router z-loss mean(logsumexp(router_logits)^2)."""
+    histogram_bins: int = 10_000
+    """"histogram" rule: bins per expert's score-margin histogram."""
+    histogram_window: int = 8
+    """"histogram" rule: batches whose histograms are summed (the state holds window * experts *
+    bins float32 counts per MoE layer)."""
+    seq_balance_weight: float = 0.0
+    """Weight alpha of DeepSeek-V3's complementary sequence-wise balance loss, added to the
+    training loss (0: off). Per sequence of T tokens: alpha * sum_i f_i * P_i with f_i = E / (K * T)
+    * tokens routed to expert i and P_i the mean normalized score of expert i."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +185,15 @@ class ModelConfig:
         balance_rule(self.router.balance)
         if self.router.bias_rate < 0:
             raise ConfigError(f"model.router.bias_rate must be >= 0, got {self.router.bias_rate}")
+        router = self.router
+        if router.histogram_bins < 2 or router.histogram_window < 1:
+            raise ConfigError(
+                "model.router.histogram_bins must be >= 2 and model.router.histogram_window >= 1"
+            )
+        if router.seq_balance_weight < 0:
+            raise ConfigError(
+                f"model.router.seq_balance_weight must be >= 0, got {router.seq_balance_weight}"
+            )
         return self
 
     def _validate_rope(self) -> None:

@@ -125,10 +125,15 @@ def _expert_parallel_dispatch(config: ModelConfig, n: int) -> Callable:
 
 
 def _block(
-    params: MoeParams, x: jax.Array, bias: jax.Array, config: ModelConfig, dispatch: Callable
+    params: MoeParams,
+    x: jax.Array,
+    bias: jax.Array,
+    config: ModelConfig,
+    dispatch: Callable,
+    sequence_tokens: int | None,
 ) -> tuple[jax.Array, Routing, Drops | None]:
     """Route, dispatch, combine and add shared experts on this device's tokens."""
-    routing = route(x, params.router, bias, config.router, config.top_k)
+    routing = route(x, params.router, bias, config.router, config.top_k, sequence_tokens)
     h = x if params.latent_down is None else x @ params.latent_down.astype(x.dtype)
     expert_fn = expert_swiglu_for(config.grouped_matmul)
     routed, dropped = dispatch(h, routing, params.experts, expert_fn)
@@ -139,7 +144,12 @@ def _block(
 
 
 def moe_forward(
-    params: MoeParams, x: jax.Array, bias: jax.Array, config: ModelConfig, mesh: Mesh | None
+    params: MoeParams,
+    x: jax.Array,
+    bias: jax.Array,
+    config: ModelConfig,
+    mesh: Mesh | None,
+    sequence_tokens: int | None = None,
 ) -> tuple[jax.Array, RouterStats]:
     """x [tokens, d_model] -> (y [tokens, d_model] in x's dtype, RouterStats over all tokens).
 
@@ -150,11 +160,13 @@ def moe_forward(
     dispatch_waves), and capacity drops are counted in stats.dropped (stats.dropped_recv: those
     the receivers dropped). Parameters enter replicated but for the experts (XLA gathers
     fsdp-sharded ones). stats.bias_target is the balancing rule's statistic, reduced over
-    devices by the rule.
+    devices by the rule. `sequence_tokens`: the rows of x are sequences of that many tokens
+    (None: one sequence), for the sequence-wise balance loss (each device takes its own rows'
+    sequences; with a sequence axis, its part of each sequence), averaged over devices.
     """
     n_experts = params.router.shape[-1]
     if mesh is None or mesh.size == 1:
-        y, routing, _ = _block(params, x, bias, config, _dropless)
+        y, routing, _ = _block(params, x, bias, config, _dropless, sequence_tokens)
         return y, routing_stats(routing, n_experts)
     missing = [axis for axis in MESH_AXES if axis not in mesh.shape]
     if missing:
@@ -168,7 +180,7 @@ def moe_forward(
     rule = balance_rule(config.router.balance)
 
     def local(params: MoeParams, x: jax.Array, bias: jax.Array) -> tuple[jax.Array, RouterStats]:
-        y, routing, drops = _block(params, x, bias, config, dispatch)
+        y, routing, drops = _block(params, x, bias, config, dispatch, sequence_tokens)
         own = routing_stats(routing, n_experts)
         dropped, dropped_recv = jnp.zeros((), jnp.float32), None
         if drops is not None:  # already summed over the expert group
@@ -181,6 +193,7 @@ def moe_forward(
             z_loss=jax.lax.pmean(own.z_loss, MESH_AXES),
             bias_target=rule.reduce(own.bias_target, MESH_AXES),
             dropped_recv=dropped_recv,
+            seq_balance=jax.lax.pmean(own.seq_balance, MESH_AXES),
         )
         return y, stats
 

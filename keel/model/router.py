@@ -8,13 +8,14 @@ bias are in score units (softmax probabilities or sigmoid outputs), always float
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.scipy.special import xlogy
 
 from keel.core.errors import ConfigError
-from keel.model.balance import balance_rule
+from keel.model.balance import balance_rule, is_stateful, observe_statistic
 from keel.model.config import RouterConfig
 
 
@@ -32,6 +33,9 @@ class Routing:
     bias_target: jax.Array
     """The balancing rule's statistic from these tokens (balance.py; the "quantile" rule's
     target bias [experts], zeros [experts] for "sign" and "none")."""
+    seq_balance: jax.Array
+    """[] float32 the sequence-wise balance loss (unweighted; seq_balance_loss), mean over these
+    tokens' sequences; 0 when model.router.seq_balance_weight is 0 (not computed)."""
 
 
 @jax.tree_util.register_dataclass
@@ -52,13 +56,23 @@ class RouterStats:
     dropped_recv: jax.Array | None = None
     """[] float32 the part of `dropped` that receivers dropped (None: nothing exchanged); the
     rest was dropped by senders."""
+    seq_balance: jax.Array | None = None
+    """[] float32 the sequence-wise balance loss (unweighted), mean over sequences (None: not
+    computed)."""
 
 
 def route(
-    x: jax.Array, router_w: jax.Array, bias: jax.Array, config: RouterConfig, top_k: int
+    x: jax.Array,
+    router_w: jax.Array,
+    bias: jax.Array,
+    config: RouterConfig,
+    top_k: int,
+    sequence_tokens: int | None = None,
 ) -> Routing:
     """Choose top_k experts per token on scores + stop_gradient(bias); gate with the unbiased
-    scores. Logits, scores and gates are float32 whatever x's dtype."""
+    scores. Logits, scores and gates are float32 whatever x's dtype. With seq_balance_weight > 0
+    the rows of x are read as sequences of `sequence_tokens` tokens (None: one sequence) for the
+    sequence-wise balance loss."""
     n_experts = router_w.shape[-1]
     if not 1 <= top_k <= n_experts:
         raise ConfigError(
@@ -80,10 +94,40 @@ def route(
         gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
     z_loss = jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
     rule = balance_rule(config.balance)
-    bias_target = rule.observe(jax.lax.stop_gradient(scores), bias.astype(jnp.float32), top_k)
-    return Routing(
-        experts=experts.astype(jnp.int32), gates=gates, z_loss=z_loss, bias_target=bias_target
+    bias_target = observe_statistic(
+        rule, jax.lax.stop_gradient(scores), bias.astype(jnp.float32), top_k, config
     )
+    seq_balance = jnp.zeros((), jnp.float32)
+    if config.seq_balance_weight > 0:
+        seq_balance = sequence_balance_loss(scores, experts, top_k, sequence_tokens)
+    return Routing(
+        experts=experts.astype(jnp.int32),
+        gates=gates,
+        z_loss=z_loss,
+        bias_target=bias_target,
+        seq_balance=seq_balance,
+    )
+
+
+def sequence_balance_loss(
+    scores: jax.Array, experts: jax.Array, top_k: int, sequence_tokens: int | None
+) -> jax.Array:
+    """DeepSeek-V3's complementary sequence-wise balance loss (unweighted), mean over sequences.
+
+    scores [tokens, E] (the rows: consecutive sequences of `sequence_tokens`, None or more than
+    the rows: one sequence), experts [tokens, top_k]. Per sequence of T tokens:
+    sum_i f_i * P_i, f_i = E / (top_k * T) * tokens routed to i (no gradient), P_i = mean over
+    the tokens of s_i / sum_j s_j. 1 when every sequence spreads evenly; up to E / top_k."""
+    n_tokens, n_experts = scores.shape
+    per = n_tokens if sequence_tokens is None else min(sequence_tokens, n_tokens)
+    if n_tokens % per:
+        raise ValueError(f"{n_tokens} routed tokens are not whole sequences of {per}")
+    normalized = scores / jnp.sum(scores, axis=-1, keepdims=True)
+    share = jnp.mean(normalized.reshape(-1, per, n_experts), axis=1)  # [sequences, E]
+    chosen = jax.nn.one_hot(experts, n_experts, dtype=jnp.float32).sum(axis=1)  # [tokens, E]
+    counts = chosen.reshape(-1, per, n_experts).sum(axis=1)
+    f = jax.lax.stop_gradient(counts * n_experts / (top_k * per))
+    return jnp.mean(jnp.sum(f * share, axis=-1))
 
 
 def routing_stats(routing: Routing, n_experts: int) -> RouterStats:
@@ -96,6 +140,7 @@ def routing_stats(routing: Routing, n_experts: int) -> RouterStats:
         assignments=jnp.asarray(routing.experts.size, jnp.float32),
         z_loss=routing.z_loss,
         bias_target=routing.bias_target,
+        seq_balance=routing.seq_balance,
     )
 
 
@@ -107,6 +152,20 @@ def update_bias(bias: jax.Array, stats: RouterStats, config: RouterConfig) -> ja
     rule = balance_rule(config.balance)
     new = rule.update(bias.astype(jnp.float32), stats.load, stats.bias_target, config)
     return (new - jnp.mean(new)).astype(bias.dtype)
+
+
+def update_balance(
+    bias: jax.Array, state: Any, stats: RouterStats, config: RouterConfig
+) -> tuple[jax.Array, Any]:
+    """update_bias for any rule, with the rule's persistent state (None for a rule without):
+    (the new bias [experts], centred, the new state)."""
+    rule = balance_rule(config.balance)
+    if not is_stateful(rule) or config.balance == "none":
+        return update_bias(bias, stats, config), state
+    new, state = rule.update_state(
+        bias.astype(jnp.float32), stats.load, stats.bias_target, state, config
+    )
+    return (new - jnp.mean(new)).astype(bias.dtype), state
 
 
 def router_metrics(stats: RouterStats, bias: jax.Array) -> dict[str, jax.Array]:

@@ -144,7 +144,7 @@ def forward(
         block, bias = layer
         h = attend(h, block)
         x = rms_norm(h, block.mlp_norm, eps).reshape(batch * seq, config.d_model)
-        y, stats = moe_forward(block.moe, x, bias, config, mesh)
+        y, stats = moe_forward(block.moe, x, bias, config, mesh, seq)
         return _batch_split(h + y.reshape(batch, seq, config.d_model), mesh), stats
 
     if remat:

@@ -1,7 +1,8 @@
 """Checkpoints under OUTPUT/checkpoints/<step>/ with Orbax: parameters, optimizer state, router
-bias, step and the RNG key. The data position is not saved: the batch at a step is a pure
-function of (seed, step). Orbax writes a checkpoint into a temporary directory and renames it
-when complete, so a run killed mid-save leaves the previous checkpoint as the latest.
+bias, step, the RNG key and the balancing rule's state (when it has one). The data position is
+not saved: the batch at a step is a pure function of (seed, step). Orbax writes a checkpoint
+into a temporary directory and renames it when complete, so a run killed mid-save leaves the
+previous checkpoint as the latest.
 
 A run directory on object storage (an fsspec URL: s3://, gs://) holds the same files: the
 checkpoints are written to a local working copy and each one is uploaded after its save, the
@@ -17,7 +18,8 @@ credentials.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from typing import Any
 
 import jax
@@ -28,6 +30,8 @@ from keel.core.errors import UsageError
 from keel.train.run_dir import CONFIG_FILE, RunMirror
 
 CHECKPOINTS_DIR = "checkpoints"
+
+logger = logging.getLogger(__name__)
 
 
 @jax.tree_util.register_dataclass
@@ -45,6 +49,9 @@ class TrainState:
     """[] int32: updates done."""
     rng: jax.Array
     """[2] uint32 key data: the run's random key (seeded, advanced only by code that draws)."""
+    balance_state: Any = None
+    """The balancing rule's state stacked over MoE layers (keel.model.balance; "histogram": its
+    window of histograms); None for a rule without state, which leaves checkpoints as before."""
 
 
 class Checkpoints:
@@ -83,7 +90,9 @@ class Checkpoints:
         self.every = every
         self.directory = paths.join(self.run.run_dir, CHECKPOINTS_DIR)
         """Where the checkpoints are (for messages): the run directory's, not a working copy's."""
-        self.manager = ocp.CheckpointManager(directory, options=options)
+        self.manager = ocp.CheckpointManager(
+            directory, options=options, item_handlers=ocp.StandardCheckpointHandler()
+        )
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -105,12 +114,40 @@ class Checkpoints:
         if step is None:
             raise UsageError(f"{self.directory} holds no checkpoint")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        saved = self._saved_balance_state(step, abstract.step.sharding)
+        if not _same_arrays(saved, abstract.balance_state):
+            # Saved before the balancing rule kept state (an older keel), under another rule,
+            # or with other histogram sizes: the rule starts from `like`'s state, as a fresh
+            # run's rule would.
+            logger.info("checkpoint %d: the balancing rule's state starts afresh", step)
+            restored = self.manager.restore(
+                step, args=ocp.args.StandardRestore(replace(abstract, balance_state=saved))
+            )
+            return replace(restored, balance_state=like.balance_state)
         return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+
+    def _saved_balance_state(self, step: int, sharding: Any) -> Any:
+        """The balancing rule's state in the checkpoint at `step` as ShapeDtypeStructs placed
+        with `sharding` (None when it holds none)."""
+        tree = self.manager.item_metadata(step).tree.get("balance_state")
+        return jax.tree.map(
+            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+            tree,
+            is_leaf=lambda node: hasattr(node, "shape"),
+        )
 
     def close(self) -> None:
         """Close the manager; a working copy is removed (every checkpoint in it is uploaded)."""
         self.manager.close()
         self.run.close()
+
+
+def _same_arrays(a: Any, b: Any) -> bool:
+    """Whether two trees of arrays (or ShapeDtypeStructs) have one structure, shapes, dtypes."""
+    if jax.tree.structure(a) != jax.tree.structure(b):
+        return False
+    same = jax.tree.map(lambda x, y: x.shape == y.shape and x.dtype == y.dtype, a, b)
+    return all(jax.tree.leaves(same))
 
 
 def committed_checkpoint_steps(run: str, where: str = "") -> list[int]:

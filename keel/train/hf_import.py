@@ -253,4 +253,4 @@ def hf_start_state(directory: Path, model: ModelConfig, fresh: TrainState) -> Tr
     params = jax.tree.map(placed, params, fresh.params)
     if bias is not None:
         bias = placed(bias, fresh.router_bias)
-    return TrainState(params, fresh.opt_state, bias, fresh.step, fresh.rng)
+    return TrainState(params, fresh.opt_state, bias, fresh.step, fresh.rng, fresh.balance_state)

@@ -22,6 +22,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 
 from keel.core.errors import ConfigError
+from keel.model.balance import initial_balance_state
+from keel.model.config import ModelConfig
 from keel.model.partition import param_shardings
 from keel.model.sharding import BATCH_SPEC, build_mesh, replicated
 from keel.model.transformer import init_params, init_router_bias, param_labels
@@ -132,8 +134,14 @@ def plan_layout(
         router_bias=None if init_router_bias(config.model) is None else whole,
         step=whole,
         rng=whole,
+        balance_state=jax.tree.map(lambda _: whole, fresh_balance_state(config.model)),
     )
     return RunLayout(mesh, state, opt_device, NamedSharding(mesh, BATCH_SPEC))
+
+
+def fresh_balance_state(model: ModelConfig) -> Any:
+    """TrainState.balance_state of a fresh run (None unless the balancing rule keeps state)."""
+    return initial_balance_state(model.router, model.n_moe_layers, model.n_routed_experts)
 
 
 def param_shapes(config: TrainConfig) -> Any:
@@ -187,6 +195,7 @@ def initial_state(
         router_bias=None if bias is None else jax.device_put(bias, whole),
         step=jax.device_put(jnp.zeros((), jnp.int32), whole),
         rng=jax.device_put(jax.random.key_data(key), whole),
+        balance_state=jax.device_put(fresh_balance_state(config.model), whole),
     )
     return state, optimizer, layout
 

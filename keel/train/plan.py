@@ -35,7 +35,14 @@ from keel.model.size import flops_per_token, model_size
 from keel.model.transformer import init_params, init_router_bias, param_labels
 from keel.train.checkpoint import TrainState
 from keel.train.config import TrainConfig
-from keel.train.layout import HOST_MEMORY, RunLayout, param_shapes, plan_layout, run_devices
+from keel.train.layout import (
+    HOST_MEMORY,
+    RunLayout,
+    fresh_balance_state,
+    param_shapes,
+    plan_layout,
+    run_devices,
+)
 from keel.train.optim import build_optimizer
 from keel.train.schedule import piecewise_lr
 from keel.train.step import build_step_functions
@@ -267,7 +274,9 @@ def describe(step: CompiledStep) -> RunPlan:
         grad_bytes=param_bytes,
         opt_state_bytes=sharded_bytes(state.opt_state),
         opt_state_memory=HOST_MEMORY if HOST_MEMORY in opt_kinds else "device",
-        other_state_bytes=sharded_bytes((state.router_bias, state.step, state.rng)),
+        other_state_bytes=sharded_bytes(
+            (state.router_bias, state.step, state.rng, state.balance_state)
+        ),
         temp_bytes=int(memory.temp_size_in_bytes),
         argument_bytes=int(memory.argument_size_in_bytes),
         output_bytes=int(memory.output_size_in_bytes),
@@ -344,6 +353,7 @@ def _abstract_state(config: TrainConfig, optimizer: Any, shardings: TrainState) 
             router_bias=init_router_bias(config.model),
             step=jnp.zeros((), jnp.int32),
             rng=jax.random.key_data(key),
+            balance_state=fresh_balance_state(config.model),
         )
 
     return jax.tree.map(

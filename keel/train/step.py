@@ -1,8 +1,10 @@
 """The jitted update and evaluation functions.
 
 `update(state, window)` takes a batch of windows [batch, seq + 1], runs forward and backward,
-applies the optimizer, and moves the router bias from the step's observed load (outside the
-gradient). `evaluate(params, router_bias, window, weights)` sums nats and target bytes of the
+applies the optimizer, and moves the router bias (and the balancing rule's state) from the step's
+observed load (outside the gradient); with model.router.seq_balance_weight > 0 the sequence-wise
+balance loss joins the loss and is logged as seq_balance_loss.
+`evaluate(params, router_bias, window, weights)` sums nats and target bytes of the
 targets that `weights` selects (padding rows and padded tails weigh 0) for bits per byte. Both
 are pure functions of their inputs, compiled for the run's layout (layout.py): the batch split
 over every device, the state in its shardings; with the optimizer state offloaded,
@@ -21,7 +23,7 @@ import optax
 
 from keel.model.loss import cross_entropy, segment_ids, target_mask
 from keel.model.ring import zigzag_order
-from keel.model.router import router_metrics, update_bias
+from keel.model.router import router_metrics, update_balance
 from keel.model.sharding import SEQUENCE_AXIS, axis_size, replicated
 from keel.model.transformer import forward
 from keel.train.checkpoint import TrainState
@@ -90,6 +92,8 @@ def build_step_functions(
         if stats is not None:
             router_z = stats.z_loss.mean()
             loss = loss + model.router.z_loss_weight * stats.z_loss.sum()
+            if model.router.seq_balance_weight > 0:  # summed over MoE layers like the z-loss
+                loss = loss + model.router.seq_balance_weight * stats.seq_balance.sum()
         return loss, (parts, stats, router_z)
 
     def update(state: TrainState, window: jax.Array):
@@ -108,11 +112,15 @@ def build_step_functions(
             "grad_norm": optax.tree.norm(grads),
             "lr": learning_rate(state.step),
         }
-        bias = state.router_bias
+        bias, balance_state = state.router_bias, state.balance_state
         if stats is not None:
-            bias = jax.vmap(update_bias, in_axes=(0, 0, None))(bias, stats, model.router)
+            bias, balance_state = jax.vmap(update_balance, in_axes=(0, 0, 0, None))(
+                bias, balance_state, stats, model.router
+            )
             metrics["router"] = jax.vmap(router_metrics)(stats, state.router_bias)
-        new_state = TrainState(params, opt_state, bias, state.step + 1, state.rng)
+            if model.router.seq_balance_weight > 0:
+                metrics["seq_balance_loss"] = stats.seq_balance.mean()
+        new_state = TrainState(params, opt_state, bias, state.step + 1, state.rng, balance_state)
         return new_state, metrics
 
     def evaluate(params, router_bias, window, weights):

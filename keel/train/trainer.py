@@ -327,6 +327,8 @@ class _StepLog:
             line["drop_rate_send"] = float(np.mean(router["drop_rate_send"]))
             line["drop_rate_recv"] = float(np.mean(router["drop_rate_recv"]))
             line["load_max_over_mean"] = float(np.max(router["load_max_over_mean"]))
+        if "seq_balance_loss" in metrics:  # model.router.seq_balance_weight > 0
+            line["seq_balance_loss"] = float(metrics["seq_balance_loss"])
         flops = flops_per_token(self.config.model, seq_len) * tokens
         line["mfu"] = flops / seconds / self.peak
         return line
@@ -443,7 +445,14 @@ def _start_from(init_from: str, fresh: TrainState, model: ModelConfig) -> TrainS
         raise UsageError(f"init_from: {run_dir} holds no checkpoint; train that run first")
     restored = source.restore(fresh)
     source.close()
-    return TrainState(restored.params, fresh.opt_state, restored.router_bias, fresh.step, fresh.rng)
+    return TrainState(
+        restored.params,
+        fresh.opt_state,
+        restored.router_bias,
+        fresh.step,
+        fresh.rng,
+        fresh.balance_state,
+    )
 
 
 def _previous_config(config: TrainConfig, output: str) -> TrainConfig | None:
