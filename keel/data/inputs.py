@@ -32,7 +32,7 @@ from keel.data import documents
 from keel.flow import Dataset, from_items, read_jsonl, read_parquet
 from keel.flow.ops import Row
 from keel.flow.readers import read_jsonl as read_jsonl_file
-from keel.flow.sources import COMPRESSED_SUFFIXES, JSONL_SUFFIXES, expand
+from keel.flow.sources import JSONL_SUFFIXES, expand, format_of_name, uncompressed_name
 
 Input = str | Sequence[str]
 """A document set directory, a glob or a file (any fsspec URL), or a list of them."""
@@ -182,14 +182,10 @@ def text_file_document(item: Row) -> list[Row]:
 
 
 def _format_of(glob: str) -> str:
-    name = glob.lower()
-    for suffix in COMPRESSED_SUFFIXES:
-        name = name.removesuffix(suffix)
-    if name.endswith(".parquet"):
-        return "parquet"
-    if name.endswith(JSONL_SUFFIXES):
-        return "jsonl"
-    if name.endswith(TEXT_SUFFIXES):
+    found = format_of_name(glob)
+    if found is not None:
+        return found
+    if uncompressed_name(glob).endswith(TEXT_SUFFIXES):
         return "text"
     raise UsageError(
         f"cannot tell the format of {glob}: pass a document set directory or files ending "

@@ -149,15 +149,29 @@ def _is_committed_output(fs, directory: str) -> bool:
     return fs.isfile(posixpath.join(directory, SUCCESS_MARKER))
 
 
-def _format_of(path: str) -> str:
+def uncompressed_name(path: str) -> str:
+    """`path` lowercased without its compression suffix (.gz, .zst, .zstd): its format's name."""
     name = path.lower()
     for suffix in COMPRESSED_SUFFIXES:
         name = name.removesuffix(suffix)
+    return name
+
+
+def format_of_name(path: str) -> str | None:
+    """ "parquet" or "jsonl" by the file name (compressed or not), None when it names neither."""
+    name = uncompressed_name(path)
     if name.endswith(".parquet"):
         return "parquet"
     if name.endswith(JSONL_SUFFIXES):
         return "jsonl"
-    raise UsageError(f"cannot tell the format of {path}: pass format='jsonl' or 'parquet'")
+    return None
+
+
+def _format_of(path: str) -> str:
+    found = format_of_name(path)
+    if found is None:
+        raise UsageError(f"cannot tell the format of {path}: pass format='jsonl' or 'parquet'")
+    return found
 
 
 def _first_readable_schema(
