@@ -56,3 +56,27 @@ def _keel_logging_restored():
     saved = keel_logger.handlers[:], keel_logger.level, keel_logger.propagate
     yield
     keel_logger.handlers[:], keel_logger.level, keel_logger.propagate = saved
+
+
+# -- parallel runs (pytest -n 2, README's test command) -------------------------------------------
+# pytest-xdist with --dist loadgroup sends each xdist_group to one worker. Every test is grouped by
+# its file, so a module fixture (a training run, a Ray head) is built once; tests that share an
+# expensive session fixture, or a resource there is only one of (the test Slurm cluster, a Ray
+# instance), share a group across files. Without xdist the marks do nothing.
+SHARED_GROUPS = {
+    "slurm_cluster": "slurm",  # one slurmctld + slurmd on this host
+    "gang_run": "mesh-runs",  # tests/mesh_support.py: two training runs other files compare
+    "one_device_run": "mesh-runs",
+    "trained_run": "interop",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        shared = [SHARED_GROUPS[name] for name in item.fixturenames if name in SHARED_GROUPS]
+        if item.nodeid.startswith("tests/dashboard/"):
+            shared.append("dashboard")  # one prefix, one `keel dashboard`, one browser
+        if item.get_closest_marker("ray"):
+            shared.append("ray")  # Ray instances: one at a time, and memory
+        group = shared[0] if shared else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))

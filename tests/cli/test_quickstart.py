@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import KeelCli
+from quickstart_support import copy_quickstart_outputs, earlier_quickstart
 
 from keel.data.token_cache import TokenCache
 from keel.telemetry import TelemetryStore
@@ -28,8 +29,13 @@ STEPS = [
 
 @pytest.fixture(scope="module")
 def done(tmp_path_factory):
-    """One quickstart run shared by the tests of this module (it takes tens of seconds)."""
+    """One quickstart run shared by the tests of this module. In CI it starts from a copy of the
+    cold quickstart .ci/run has just run and checked (tests/quickstart_support.py), so it finds
+    every step cached instead of training tiny-moe a second time; elsewhere it runs cold (minutes).
+    """
     cli = KeelCli(tmp_path_factory.mktemp("quickstart"))
+    if source := earlier_quickstart(checkout_fallback=False):
+        copy_quickstart_outputs(source, cli.prefix)
     first = cli.run("quickstart", "--prefix", str(cli.prefix), timeout=600)
     assert first.returncode == 0, first.stderr
     # Read now: later tests add summaries of changed configs under the same prefix, and a glob

@@ -3,9 +3,7 @@ beside it experiments/ with two records (one reported), built once per session; 
 served over it by `keel dashboard`; headless Chromium."""
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -13,9 +11,7 @@ from pathlib import Path
 import pytest
 from browser import chromium
 from dashboard_support import JOB_OUTPUT, KEEL, RECORDS, RUNS, keel
-
-QUICKSTART_PREFIX_ENV = "KEEL_DOCS_QUICKSTART_PREFIX"
-"""Set by CI (see tests/docs): a prefix the quickstart filled, whose data stages are reused."""
+from quickstart_support import copy_quickstart_outputs, earlier_quickstart
 
 
 @pytest.fixture(scope="session")
@@ -52,12 +48,8 @@ def prefix(tmp_path_factory) -> Path:
 def _copy_quickstart_data(prefix: Path) -> None:
     """With a quickstart prefix at hand (CI), its committed data stages: the training's data
     steps are then cache hits."""
-    source = os.environ.get(QUICKSTART_PREFIX_ENV)
-    if not source:
-        return
-    for stage in Path(source).iterdir():
-        if (stage / "stage.json").is_file() and (stage / ".keel/step.json").is_file():
-            shutil.copytree(stage, prefix / stage.name)
+    if source := earlier_quickstart(checkout_fallback=False):
+        copy_quickstart_outputs(source, prefix, keep=lambda out: (out / "stage.json").is_file())
 
 
 @pytest.fixture(scope="session")

@@ -21,15 +21,14 @@ command runs for real. Without such a prefix the quickstart simply runs cold.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from doc_blocks import REPO, Block, blocks, documents
+from quickstart_support import copy_quickstart_outputs, earlier_quickstart
 
-QUICKSTART_PREFIX_ENV = "KEEL_DOCS_QUICKSTART_PREFIX"
 BLOCK_TIMEOUT_S = 600  # a cold quickstart (no earlier run to copy) takes 4-6 min
 OUTPUT_TAIL_LINES = 40
 TEST_ONLY_SETTINGS = ("XLA_FLAGS", "KEEL_DEVICES", "PYTEST_CURRENT_TEST")
@@ -61,8 +60,8 @@ def test_every_shell_and_python_block_is_marked():
 def test_doc_runs(doc: Path, tmp_path: Path):
     """Every `run` block of one doc file, in order, in one fresh directory."""
     environment = _user_environment()
-    if doc == REPO / "README.md":
-        _copy_quickstart_outputs(tmp_path)
+    if doc == REPO / "README.md" and (source := earlier_quickstart(checkout_fallback=True)):
+        copy_quickstart_outputs(source, tmp_path / "keel-out")
     for number, block in enumerate(_run_blocks(doc)):
         command = _command(block, number, tmp_path)
         try:
@@ -99,21 +98,6 @@ def _user_environment() -> dict[str, str]:
     paths = [str(REPO), *filter(None, [environment.get("PYTHONPATH")])]
     environment["PYTHONPATH"] = os.pathsep.join(paths)
     return environment
-
-
-def _copy_quickstart_outputs(workdir: Path) -> None:
-    """Copy what an earlier quickstart run left under its prefix (see the module docstring) into
-    workdir/keel-out: its committed step outputs and the telemetry store its training logged to;
-    copies nothing when no earlier run is found."""
-    from keel.steps.experiment import load_experiment
-    from keel.steps.step import all_steps, output_path
-
-    source = Path(os.environ.get(QUICKSTART_PREFIX_ENV) or REPO / "keel-out")
-    quickstart = load_experiment(REPO / "keel/experiments/quickstart.py")
-    outputs = [Path(output_path(str(source), step)) for step in all_steps(quickstart)]
-    for output in [*outputs, source / "telemetry"]:
-        if output.is_dir():
-            shutil.copytree(output, workdir / "keel-out" / output.name)
 
 
 def _tail(output: str) -> str:

@@ -60,6 +60,16 @@ function bytes(value) {
   return `${unit ? size.toFixed(1) : size} ${units[unit]}`;
 }
 
+// Replace a polled box's content only when the data behind it changed: a poll that finds the same
+// data leaves the page as it is (no flicker; text selection, focus and element handles survive).
+const renderedData = new WeakMap(); // box element -> JSON of the data it shows
+function renderIfChanged(box, data, build) {
+  const key = JSON.stringify(data);
+  if (renderedData.get(box) === key) return;
+  renderedData.set(box, key);
+  box.replaceChildren(build());
+}
+
 function table(id, headers, rows) {
   return el("table", { id },
     el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
@@ -186,6 +196,12 @@ function matches(run) {
 }
 
 function renderRunsTable(runs) {
+  const box = document.getElementById("runs-table-box");
+  const state = [runs, [...runsState.selected], runsState.filter, runsState.group];
+  renderIfChanged(box, state, () => runsTable(runs));
+}
+
+function runsTable(runs) {
   const rows = [];
   const visible = runs.filter(matches);
   const key = runsState.group;
@@ -211,9 +227,8 @@ function renderRunsTable(runs) {
         ...TABLE_METRICS.map((m) => cell(run[m], true))));
     }
   }
-  const box = document.getElementById("runs-table-box");
-  box.replaceChildren(table("runs-table",
-    ["", "run", "state", "experiment", "step", "loss", "bits/byte", "MFU", "tokens/s"], rows));
+  return table("runs-table",
+    ["", "run", "state", "experiment", "step", "loss", "bits/byte", "MFU", "tokens/s"], rows);
 }
 
 function fillDiffSelects(runs) {
@@ -267,9 +282,10 @@ function viewRun(main, run) {
       drawChart(name, holder, title, chosen.map((n) => ({ label: n, steps: series[n][0], values: series[n][1] })));
     }
     const evals = names.filter((n) => n.startsWith("eval"));
-    document.getElementById("eval-box").replaceChildren(table("eval-table", ["metric", "step", "value"],
-      evals.map((n) => { const [steps, values] = series[n];
-        return el("tr", {}, cell(n), cell(steps.at(-1), true), cell(values.at(-1), true)); })));
+    const latest = evals.map((n) => [n, series[n][0].at(-1), series[n][1].at(-1)]);
+    renderIfChanged(document.getElementById("eval-box"), latest, () => table("eval-table",
+      ["metric", "step", "value"],
+      latest.map(([n, step, value]) => el("tr", {}, cell(n), cell(step, true), cell(value, true)))));
   };
 }
 
@@ -280,22 +296,26 @@ function viewData(main) {
     el("div", { id: "stages-box" })));
   return async () => {
     const { stages } = await api("/api/stages");
-    const rows = stages.map((s) => {
-      const kept = s.documents_in ? s.documents_out / s.documents_in : 1;
-      const bar = el("div", { class: "bar" }, el("div", {}));
-      bar.firstChild.style.width = `${Math.round(kept * 100)}%`;
-      const reasons = Object.entries(s.dropped).map(([r, n]) => `${r}: ${n}`).join(", ");
-      return el("tr", { "data-step": s.step }, cell(s.step), cell(s.stage),
-        el("td", { class: "num docs-in" }, fmt(s.documents_in)),
-        el("td", { class: "num docs-out" }, fmt(s.documents_out)), el("td", {}, bar),
-        el("td", { class: "num docs-dropped" }, fmt(s.documents_in - s.documents_out)),
-        el("td", { class: "reasons" }, reasons), el("td", { class: "num" }, bytes(s.bytes_in)),
-        el("td", { class: "num" }, bytes(s.bytes_out)), cell(s.tokens, true));
-    });
-    document.getElementById("stages-box").replaceChildren(table("stages-table",
-      ["step", "stage", "documents in", "kept", "", "dropped", "dropped by reason", "bytes in",
-        "bytes kept", "tokens"], rows));
+    renderIfChanged(document.getElementById("stages-box"), stages, () => stagesTable(stages));
   };
+}
+
+function stagesTable(stages) {
+  const rows = stages.map((s) => {
+    const kept = s.documents_in ? s.documents_out / s.documents_in : 1;
+    const bar = el("div", { class: "bar" }, el("div", {}));
+    bar.firstChild.style.width = `${Math.round(kept * 100)}%`;
+    const reasons = Object.entries(s.dropped).map(([r, n]) => `${r}: ${n}`).join(", ");
+    return el("tr", { "data-step": s.step }, cell(s.step), cell(s.stage),
+      el("td", { class: "num docs-in" }, fmt(s.documents_in)),
+      el("td", { class: "num docs-out" }, fmt(s.documents_out)), el("td", {}, bar),
+      el("td", { class: "num docs-dropped" }, fmt(s.documents_in - s.documents_out)),
+      el("td", { class: "reasons" }, reasons), el("td", { class: "num" }, bytes(s.bytes_in)),
+      el("td", { class: "num" }, bytes(s.bytes_out)), cell(s.tokens, true));
+  });
+  return table("stages-table",
+    ["step", "stage", "documents in", "kept", "", "dropped", "dropped by reason", "bytes in",
+      "bytes kept", "tokens"], rows);
 }
 
 // -- steps & jobs ---------------------------------------------------------------------------------
@@ -311,12 +331,12 @@ function viewJobs(main) {
       el("div", { id: "search-box" })));
   return async () => {
     const [{ steps }, { jobs }] = await Promise.all([api("/api/steps"), api("/api/jobs")]);
-    document.getElementById("steps-box").replaceChildren(table("steps-table",
+    renderIfChanged(document.getElementById("steps-box"), steps, () => table("steps-table",
       ["step", "state", "depends on", "started", "ended", "error"],
       steps.map((s) => el("tr", { "data-step": s.step }, cell(s.step),
         el("td", { class: `state-${s.state.toLowerCase()}` }, s.state), cell(s.depends_on.join(", ")),
         cell(isoTime(s.start)), cell(isoTime(s.end)), cell(s.error)))));
-    document.getElementById("jobs-box").replaceChildren(table("jobs-table",
+    renderIfChanged(document.getElementById("jobs-box"), jobs, () => table("jobs-table",
       ["job", "name", "state", "cluster", "submitted", "ended", ""],
       jobs.map((j) => el("tr", { "data-job": j.id }, cell(j.id), cell(j.name),
         el("td", { class: `state-${j.state}` }, j.state), cell(j.cluster),
@@ -332,16 +352,21 @@ function viewExperiments(main) {
     el("h2", {}, "Experiment records: hypothesis, runs, report"), el("div", { id: "experiments-box" })));
   return async () => {
     const { experiments } = await api("/api/experiments");
-    const rows = experiments.map((x) => el("tr", { "data-experiment": x.id }, cell(x.id),
-      cell(x.name), el("td", { class: "hypothesis" }, x.hypothesis), cell(x.status),
-      el("td", { class: "num" }, fmt(x.runs)), el("td", { class: "num" }, fmt(x.failed)),
-      el("td", {}, x.issue ? el("a", { href: x.issue, rel: "noopener" }, "issue") : ""),
-      el("td", {}, x.report
-        ? el("a", { class: "report", href: `/experiments/${encodeURIComponent(x.id)}/report`, target: "_blank" }, "report")
-        : el("span", { class: "muted" }, `keel experiment report ${x.id}`))));
-    document.getElementById("experiments-box").replaceChildren(table("experiments-table",
-      ["id", "name", "hypothesis", "status", "runs", "failed or stopped", "", "report"], rows));
+    renderIfChanged(document.getElementById("experiments-box"), experiments,
+      () => experimentsTable(experiments));
   };
+}
+
+function experimentsTable(experiments) {
+  const rows = experiments.map((x) => el("tr", { "data-experiment": x.id }, cell(x.id),
+    cell(x.name), el("td", { class: "hypothesis" }, x.hypothesis), cell(x.status),
+    el("td", { class: "num" }, fmt(x.runs)), el("td", { class: "num" }, fmt(x.failed)),
+    el("td", {}, x.issue ? el("a", { href: x.issue, rel: "noopener" }, "issue") : ""),
+    el("td", {}, x.report
+      ? el("a", { class: "report", href: `/experiments/${encodeURIComponent(x.id)}/report`, target: "_blank" }, "report")
+      : el("span", { class: "muted" }, `keel experiment report ${x.id}`))));
+  return table("experiments-table",
+    ["id", "name", "hypothesis", "status", "runs", "failed or stopped", "", "report"], rows);
 }
 
 function isoTime(text) {
