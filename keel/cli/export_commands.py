@@ -22,11 +22,19 @@ def export_command(
     step: int | None = typer.Option(
         None, "--step", help="The checkpoint to export (default: the latest)."
     ),
+    architecture: str | None = typer.Option(
+        None,
+        "--architecture",
+        help="hf: the transformers class to export as (default: the first stock class that "
+        "expresses the model exactly, else KeelForCausalLM); a class that cannot is refused.",
+    ),
 ) -> None:
     """Export a trained run's checkpoint (hf: safetensors, config.json, tokenizer files).
 
     The hf directory loads with transformers' AutoModelForCausalLM and AutoTokenizer: dense
-    models as Qwen3 (QK-norm) or Llama, MoE models without shared experts as Qwen3-MoE.
+    models as Qwen3 (QK-norm) or Llama, MoE models without shared experts as Qwen3-MoE, any
+    other model as KeelForCausalLM (keel's modeling file in the directory: load it with
+    trust_remote_code=True).
 
     Examples:
       keel export runs/tiny --format hf --output exports/tiny
@@ -40,9 +48,9 @@ def export_command(
     from keel.train.trained import load_trained
 
     trained = load_trained(run, step)
-    architecture = export_hf(trained, output)
+    exported = export_hf(trained, output, architecture)
     stdout.print(
-        f"exported {trained.run} step {trained.step} as {architecture.name} to {output}",
+        f"exported {trained.run} step {trained.step} as {exported.name} to {output}",
         markup=False,
         highlight=False,
     )

@@ -1,5 +1,6 @@
 """`keel export --format hf` without torch or transformers: which class a model exports to, the
-refusals, and the directory the command writes (the parity tests are test_hf_parity.py)."""
+refusals, and the command's errors (the parity tests are
+test_hf_parity.py and test_hf_remote.py)."""
 
 import json
 import struct
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from keel.core.errors import UsageError
+from keel.model.config import RouterConfig
 from keel.train.hf_export import choose_architecture
 from keel.train.presets import preset
 from keel.train.tensor_file import write_safetensors
@@ -25,15 +27,41 @@ def test_dense_and_moe_models_choose_their_stock_class():
     assert choose_architecture(moe, zero_bias).name == "Qwen3MoeForCausalLM"
 
 
-def test_a_model_no_stock_class_expresses_is_refused_naming_its_features():
+def test_a_model_no_stock_class_expresses_exports_as_keels_class():
     model = preset("tiny-moe").model  # a shared expert
-    with pytest.raises(UsageError, match=r"shared experts \(n_shared_experts=1\)"):
-        choose_architecture(model, None)
+    bias = np.full((model.n_moe_layers, model.n_routed_experts), 0.1, np.float32)
+    others = [
+        (model, None),
+        (replace(model, n_shared_experts=0), bias),
+        (replace(model, n_shared_experts=0, latent_dim=32), None),
+        (replace(model, n_shared_experts=0, router=RouterConfig(score="sigmoid")), None),
+        (replace(preset("tiny-dense").model, rotary_fraction=0.5), None),
+        (replace(preset("tiny-dense").model, rope_scaling="linear", rope_factor=2.0), None),
+    ]
+    for config, router_bias in others:
+        assert choose_architecture(config, router_bias).name == "KeelForCausalLM"
+
+
+def test_a_requested_stock_class_that_cannot_express_the_model_names_the_features():
+    model = preset("tiny-moe").model
+    with pytest.raises(UsageError) as refused:
+        choose_architecture(model, None, "Qwen3MoeForCausalLM")
+    assert str(refused.value) == (
+        "Qwen3MoeForCausalLM cannot express this model (shared experts (n_shared_experts=1)); "
+        "without --architecture it exports as KeelForCausalLM (load it with "
+        "trust_remote_code=True)"
+    )
     bias = np.full((model.n_moe_layers, model.n_routed_experts), 0.1, np.float32)
     with pytest.raises(UsageError, match="a non-zero router bias"):
-        choose_architecture(replace(model, n_shared_experts=0), bias)
+        choose_architecture(replace(model, n_shared_experts=0), bias, "Qwen3MoeForCausalLM")
     with pytest.raises(UsageError, match="partial RoPE"):
-        choose_architecture(replace(preset("tiny-dense").model, rotary_fraction=0.5), None)
+        choose_architecture(
+            replace(preset("tiny-dense").model, rotary_fraction=0.5), None, "Qwen3ForCausalLM"
+        )
+    with pytest.raises(UsageError, match=r"known classes are Qwen3ForCausalLM, .*KeelForCausalLM"):
+        choose_architecture(model, None, "MixtralForCausalLM")
+    dense = preset("tiny-dense").model
+    assert choose_architecture(dense, None, "KeelForCausalLM").name == "KeelForCausalLM"
 
 
 def test_a_safetensors_file_reads_back(tmp_path):
@@ -63,10 +91,26 @@ def keel_export(*args: str) -> subprocess.CompletedProcess:
 def test_an_unknown_format_and_a_missing_run_are_one_error_line(tmp_path):
     unknown = keel_export(str(tmp_path), "--format", "onnx", "--output", str(tmp_path / "out"))
     assert unknown.returncode == 2
-    errors = [line for line in unknown.stderr.splitlines() if line.startswith("error:")]
-    assert errors == ["error: --format 'onnx': known formats are hf"]
+    assert error_lines(unknown.stderr) == ["error: --format 'onnx': known formats are hf"]
     missing = keel_export(str(tmp_path / "nope"), "--output", str(tmp_path / "out"))
     assert missing.returncode == 2
     expected = f"error: {tmp_path / 'nope'} holds no keel run (no config.yaml)"
     assert missing.stderr.strip() == expected
     assert not (tmp_path / "out").exists()
+
+
+def test_a_requested_class_that_cannot_express_the_run_is_one_error_line(trained_run, tmp_path):
+    output = tmp_path / "out"
+    refused = keel_export(
+        str(trained_run), "--architecture", "Qwen3MoeForCausalLM", "--output", str(output)
+    )
+    assert refused.returncode == 2
+    assert error_lines(refused.stderr) == [
+        "error: Qwen3MoeForCausalLM cannot express this model (no routed experts (an MoE "
+        "class)); without --architecture it exports as Qwen3ForCausalLM"
+    ]
+    assert not output.exists()
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]

@@ -1,5 +1,5 @@
-"""`keel export --format hf`: the directory loads in transformers with no edits and its logits are
-keel's (float32, max abs <= 1e-4); a model no stock class expresses is refused by name.
+"""`keel export --format hf` to stock classes: the directory loads in transformers with no edits
+and its logits are keel's (float32, max abs <= 1e-4); keel's own class: test_hf_remote.py.
 
 Needs the `interop` extra (torch, transformers); skipped cleanly without it."""
 
@@ -9,13 +9,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hf_support import random_trained
 
-from keel.data.token_cache import TokenCache
-from keel.model.transformer import forward, init_params, init_router_bias
+from keel.model.transformer import forward
 from keel.train.hf_export import export_hf
 from keel.train.presets import preset
 from keel.train.trained import TrainedModel
@@ -36,15 +35,6 @@ def hf_logits(directory: Path, tokens: np.ndarray) -> np.ndarray:
 def keel_logits(trained: TrainedModel, tokens: np.ndarray) -> np.ndarray:
     logits, _ = forward(trained.params, jnp.asarray(tokens), trained.model, trained.router_bias)
     return np.asarray(logits)
-
-
-def random_trained(model, cache: str) -> TrainedModel:
-    """A randomly initialised model of `model`'s shape with the test cache's tokenizer."""
-    config = replace(preset("tiny-dense"), model=model)
-    params = init_params(jax.random.key(0), model)
-    opened = TokenCache(cache)
-    bias = init_router_bias(model)
-    return TrainedModel("random", 0, config, params, bias, opened.tokenizer_path(), opened.eos_id)
 
 
 @pytest.mark.parametrize(
