@@ -27,6 +27,8 @@ from keel.train.trained import TrainedModel
 
 MIN_BUCKET = 32
 """The shortest padded length (tokens); longer sequences pad to the next power of two."""
+DEFAULT_BATCH_SIZE = 8
+"""Sequences per forward pass (`keel eval`'s, and the trainer's eval_tasks')."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,9 @@ def _next_token(
 class Scorer:
     """Scores and continues token sequences with one trained model."""
 
-    def __init__(self, trained: TrainedModel, max_length: int, batch_size: int = 8) -> None:
+    def __init__(
+        self, trained: TrainedModel, max_length: int, batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> None:
         """max_length: the most tokens the model reads at once (longer inputs keep their last
         max_length); batch_size: sequences per forward pass."""
         self.trained = trained
