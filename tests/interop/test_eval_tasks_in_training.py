@@ -78,9 +78,7 @@ def test_task_scores_appear_at_their_cadence_and_equal_keel_eval(wikitext_cache,
     assert ppl[0] != ppl[1] and all(p > 1 for p in ppl)  # a different model each time
 
 
-def test_an_unknown_task_in_the_config_is_one_error_line_before_training(
-    wikitext_cache, tmp_path
-):
+def test_an_unknown_task_in_the_config_is_one_error_line_before_training(wikitext_cache, tmp_path):
     run = tmp_path / "run"
     result = subprocess.run(
         [sys.executable, "-m", "keel", "train", "--preset", "tiny-dense", "--steps", "2",
