@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 from keel.core import paths
 from keel.core.errors import UsageError
 from keel.telemetry.sink import TARGET_ENV, now, open_target
+from keel.train.compile_cache import enable_compilation_cache
 from keel.train.eval_tasks import task_configs
 from keel.train.lm_eval_adapter import KeelLM
 from keel.train.lm_scoring import DEFAULT_BATCH_SIZE, Scorer, rolling_requests
@@ -59,6 +60,7 @@ class EvalRequest:
 
 def run_eval(request: EvalRequest) -> dict[str, Any]:
     """Evaluate, write OUTPUT/eval.json and telemetry, and return what eval.json holds."""
+    enable_compilation_cache()  # a later `keel eval` of this model loads its programs from disk
     output = _output_directory(request.output, request.run)
     step = checkpoint_step(request.run, request.step)
     names = eval_names(request.eval_data)
