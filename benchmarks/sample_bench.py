@@ -33,6 +33,7 @@ with `keel export --format hf`'s function (export_hf, in this process). Then:
     python benchmarks/sample_bench.py [--repeats 5] [--new-tokens 64] [--limit 100]
         [--run RUNDIR] [--out DIR]
     python benchmarks/sample_bench.py --smoke   # CI: 1 layer, vocab 512, 2 training steps, ~30 s
+    python benchmarks/sample_bench.py --eval-only --run RUNDIR   # part 2 alone, on a trained run
 
 Needs torch, transformers and lm-eval (pip install 'keel[interop,eval]'); without them it stops
 with one line, --smoke included (CI installs them). Prints a table per part, then one JSON line
@@ -388,6 +389,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int)
     parser.add_argument("--limit", type=int, help="documents of the multiple-choice task")
     parser.add_argument(
+        "--eval-only", action="store_true", help="measure the eval part only (no generation)"
+    )
+    parser.add_argument(
         "--torch-threads",
         type=int,
         help="torch.set_num_threads (default: torch's, one per core); on a loaded machine 1 "
@@ -430,8 +434,9 @@ def main() -> None:
             f"{exported} to {export_dir}",
             flush=True,
         )
-        generation = bench_generation(trained, export_dir, setup)
-        print_generation(generation)
+        generation = [] if args.eval_only else bench_generation(trained, export_dir, setup)
+        if generation:
+            print_generation(generation)
         evaluation = bench_eval(run, export_dir, scratch, setup)
         print_eval(evaluation)
     report = {

@@ -58,14 +58,10 @@ def eval_command(
     # Nothing downloads: lm-eval and datasets read local files only.
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
-        from keel.train.evaluate import EvalRequest, run_eval
-    except ModuleNotFoundError as error:
-        if error.name is None or not error.name.startswith(("lm_eval", "datasets")):
-            raise
-        raise UsageError(
-            f"keel eval needs lm-eval ({error.name} is missing): pip install 'keel[eval]'"
-        ) from error
+    from keel.train.eval_tasks import require_lm_eval
+
+    require_lm_eval("keel eval")
+    from keel.train.evaluate import EvalRequest, run_eval
 
     names = tuple(name.strip() for name in tasks.split(",") if name.strip())
     request = EvalRequest(

@@ -108,6 +108,17 @@ class TrainConfig:
     eval_every: int = 100
     eval_batches: int = 8
     """Batches per evaluation and cache (at most)."""
+    eval_tasks: tuple[str, ...] = field(default=(), metadata={"identity": False})
+    """lm-eval tasks scored during training with the current parameters (keel.train.task_scores):
+    a bundled task name (gsm8k_sample, wikitext_cloze) or an lm-eval task YAML over local data,
+    as `keel eval` takes them; each metric logged as `eval_task/<task>/<metric>`. Empty: none,
+    and lm-eval is never imported. Needs the eval extra. Not part of the run's identity: it
+    measures the run, it does not change it."""
+    eval_tasks_every: int = field(default=0, metadata={"identity": False})
+    """Steps between task evaluations (and the last step); 0: eval_every."""
+    eval_tasks_limit: int = field(default=100, metadata={"identity": False})
+    """Documents per task at each task evaluation (lm-eval's limit, `keel eval --limit`): bounds
+    its cost (wikitext_cloze: 4 requests a document); 0: every document."""
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
     """The newest checkpoints kept (older ones are deleted as new ones are written)."""
@@ -167,6 +178,11 @@ class TrainConfig:
         for every in ("eval_every", "checkpoint_every", "keep_checkpoints"):
             if getattr(self, every) < 1:
                 raise ConfigError(f"{every} must be at least 1, got {getattr(self, every)}")
+        if self.eval_tasks_every < 0 or self.eval_tasks_limit < 0:
+            raise ConfigError(
+                "eval_tasks_every and eval_tasks_limit must be >= 0 (0: eval_every, every "
+                f"document), got {self.eval_tasks_every} and {self.eval_tasks_limit}"
+            )
         if self.keep_every < 0:
             raise ConfigError(f"keep_every must be 0 (none) or a step count, got {self.keep_every}")
         for phase in self.phases:
@@ -258,6 +274,12 @@ class TrainConfig:
             )
             if phase.schedule.warmup_steps > count
         ]
+
+    def evaluates_tasks(self, step: int) -> bool:
+        """Whether the eval_tasks are scored after `step` updates: every eval_tasks_every steps
+        (0: eval_every) and at the last step; never without eval_tasks."""
+        every = self.eval_tasks_every or self.eval_every
+        return bool(self.eval_tasks) and (step % every == 0 or step == self.total_steps)
 
     @property
     def total_steps(self) -> int:

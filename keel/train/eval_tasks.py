@@ -36,6 +36,20 @@ EXTRA_TASK_KEYS = frozenset({"include", "group", "task_list", "class", "dataset_
 """Keys a task YAML may hold besides TaskConfig's fields (lm-eval reads them itself)."""
 
 
+def require_lm_eval(what: str) -> None:
+    """Import lm-eval (and datasets) once; UsageError (one line) naming the eval extra when they
+    are missing. `what` says who needs them (`keel eval`, `eval_tasks`)."""
+    try:
+        import datasets  # noqa: F401
+        import lm_eval.evaluator  # noqa: F401
+    except ModuleNotFoundError as error:
+        if error.name is None or not error.name.startswith(("lm_eval", "datasets")):
+            raise
+        raise UsageError(
+            f"{what} needs lm-eval ({error.name} is missing): pip install 'keel[eval]'"
+        ) from error
+
+
 def _sample(name: str) -> Path:
     """A file of the bundled samples (keel/experiments/sample/; named, not imported)."""
     return Path(str(resources.files("keel.experiments") / "sample" / name))

@@ -25,9 +25,10 @@ from tokenizers import Tokenizer
 from keel.core import paths
 from keel.core.errors import UsageError
 from keel.telemetry.sink import TARGET_ENV, now, open_target
+from keel.train.compile_cache import enable_compilation_cache
 from keel.train.eval_tasks import task_configs
 from keel.train.lm_eval_adapter import KeelLM
-from keel.train.lm_scoring import Scorer, rolling_requests
+from keel.train.lm_scoring import DEFAULT_BATCH_SIZE, Scorer, rolling_requests
 from keel.train.own_text import document_files, eval_names
 from keel.train.step import bits_per_byte
 from keel.train.trained import checkpoint_step, load_trained
@@ -53,12 +54,13 @@ class EvalRequest:
     eval_data: tuple[str, ...] = ()
     """Text sets (.txt, .jsonl, .parquet files or directories) for bits per byte, each named by
     its file stem."""
-    batch_size: int = 8
+    batch_size: int = DEFAULT_BATCH_SIZE
     """Sequences per forward pass."""
 
 
 def run_eval(request: EvalRequest) -> dict[str, Any]:
     """Evaluate, write OUTPUT/eval.json and telemetry, and return what eval.json holds."""
+    enable_compilation_cache()  # a later `keel eval` of this model loads its programs from disk
     output = _output_directory(request.output, request.run)
     step = checkpoint_step(request.run, request.step)
     names = eval_names(request.eval_data)
@@ -74,7 +76,7 @@ def run_eval(request: EvalRequest) -> dict[str, Any]:
     scorer = Scorer(trained, max_length, request.batch_size)
     model = KeelLM(scorer, Tokenizer.from_file(trained.tokenizer_path))
     began = time.perf_counter()
-    tasks, samples = _run_tasks(model, configs, request.limit)
+    tasks, samples = run_tasks(model, configs, request.limit)
     bpb = {name: _bits_per_byte(model, docs) for name, docs in texts.items()}
     results = {
         "run": request.run,
@@ -105,10 +107,11 @@ def _output_directory(output: str, run: str) -> Path:
     return target
 
 
-def _run_tasks(
+def run_tasks(
     model: KeelLM, configs: Sequence[dict], limit: int | None
 ) -> tuple[dict[str, dict[str, float]], dict[str, int]]:
-    """lm-eval's simple_evaluate on the configs: (task -> metric -> value, task -> documents)."""
+    """lm-eval's simple_evaluate on the configs, at most `limit` documents per task (None: all):
+    (task -> metric -> value, task -> documents). Metric names are lm-eval's (`metric,filter`)."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 

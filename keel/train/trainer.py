@@ -3,7 +3,8 @@
 A run directory holds
     config.yaml       the run's TrainConfig (rewritten on each start)
     metrics.jsonl     one JSON object per step: step, loss, lr, grad_norm, tokens/s, MFU, router
-                      metrics per MoE layer, and at evaluation steps eval_loss and eval_bpb
+                      metrics per MoE layer, at evaluation steps eval_loss and eval_bpb, and
+                      at eval_tasks steps eval_task/<task>/<metric> (keel.train.task_scores)
     checkpoints/      Orbax checkpoints (see checkpoint.py)
     result.json       the final step's numbers, written when the run completes
 The run directory may be an fsspec URL (s3://bucket/run): the trainer then writes metrics.jsonl
@@ -25,7 +26,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import closing
+from contextlib import closing, nullcontext
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -68,6 +69,7 @@ from keel.train.peak import device_peak
 from keel.train.replan import resume_schedule
 from keel.train.run_dir import CONFIG_FILE, METRICS_FILE, RESULT_FILE
 from keel.train.step import StepFunctions, bits_per_byte, build_step_functions
+from keel.train.task_scores import TaskScores
 from keel.train.token_bytes import token_byte_lengths
 
 logger = logging.getLogger(__name__)
@@ -141,6 +143,10 @@ def train(
     config = with_hf_model(config.validate()).validate()  # init_from: hf:DIR sets the model
     data = open_run_data(config)
     previous = _previous_config(config, output)
+    # lm-eval tasks checked (names, files, lm-eval installed) before anything is written
+    tasks = (
+        TaskScores(config, output, data.tokenizer_path, data.eos_id) if config.eval_tasks else None
+    )
     if not paths.is_local(output) and jax.process_count() > 1:
         raise UsageError(
             f"{output}: a gang trains in a run directory on shared storage, not an object "
@@ -211,6 +217,7 @@ def train(
         paths.open_file(metrics_path if primary else os.devnull, "a") as metrics_file,
         MetricsSink(telemetry_target if primary else "", run=step_output() or output) as telemetry,
         stoppable(),
+        closing(tasks) if tasks is not None else nullcontext(),
     ):
         log = _StepLog(config, peak, metrics_file, telemetry, checkpoints, on_step)
         pending: _PendingStep | None = None
@@ -235,11 +242,14 @@ def train(
             last = pending.step == config.total_steps
             evaluates = last or pending.step % config.eval_every == 0
             saves = last or pending.step % config.checkpoint_every == 0
-            if evaluates or saves:  # finished here: the next update takes (donates) the state
+            scores_tasks = tasks is not None and config.evaluates_tasks(pending.step)
+            if evaluates or saves or scores_tasks:  # the next update takes (donates) the state
                 line = log.read(pending)
                 if evaluates:
                     seq_len = plan.phase.seq_len
                     line.update(_evaluate(functions, state, data, config, layout, seq_len))
+                if scores_tasks:
+                    line.update(tasks.scores(state.params, state.router_bias, pending.step))
                 log.write(line, checkpoint=state if saves else None)
                 pending = None  # the last step always lands here: nothing is left pending
         result.last = log.last

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from keel.model.transformer import forward
 from keel.telemetry.client import connect
-from keel.train.lm_scoring import Scorer
+from keel.train.lm_scoring import LOGITS_BUDGET, Scorer, ScoreRequest, bucket
 from keel.train.trained import load_trained
 
 pytest.importorskip("lm_eval")
@@ -84,6 +84,35 @@ def test_the_harness_loglikelihood_is_keels_summed_logprob(trained_run):
         start = max(0, end - 64)
         want += summed_logprob(trained, full[start : begin + 1], full[begin + 1 : end + 1])
     assert abs(rolling - want) <= TOLERANCE
+
+
+def test_scoring_buckets_and_row_budget_leave_every_score_unchanged(trained_run):
+    """Lengths pad to two buckets per octave; a batch on a CPU holds as many rows as its logits
+    budget allows; one row per pass (a budget of one row) scores the same."""
+    assert [bucket(n, 2) for n in (1, 32, 33, 48, 49, 65, 96, 97, 129, 200)] == [
+        32, 32, 48, 48, 64, 96, 96, 128, 192, 256,
+    ]  # fmt: skip
+    assert [bucket(n) for n in (1, 32, 33, 65, 129)] == [32, 32, 64, 128, 256]
+    trained = load_trained(str(trained_run))
+    rng = np.random.default_rng(0)
+    vocab = trained.model.vocab_size
+    requests = [  # lengths across four buckets, the longest cut to max_length + 1
+        ScoreRequest(tuple(int(t) for t in rng.integers(1, vocab, n)), k)
+        for n, k in ((5, 2), (40, 7), (90, 1), (150, 60), (3, 1))
+    ]
+    batched = Scorer(trained, max_length=128, batch_size=4)
+    assert jax.default_backend() != "cpu" or batched.rows(97) == min(
+        4, LOGITS_BUDGET // (97 * vocab)
+    )
+    one_row = Scorer(trained, max_length=128, batch_size=4)
+    one_row.logits_budget = 1  # every batch a single row
+    assert one_row.rows(33) == 1
+    got, alone = batched.score(requests), one_row.score(requests)
+    for a, b in zip(got, alone, strict=True):
+        assert abs(a.logprob - b.logprob) <= 1e-5 and a.greedy == b.greedy
+    tokens = list(requests[3].tokens[-129:])  # cut: its last 129 tokens, 60 of them scored
+    want = summed_logprob(trained, tokens[:-60], tokens[-60:])
+    assert abs(got[3].logprob - want) <= TOLERANCE
 
 
 def test_gsm8k_slice_runs_end_to_end_into_eval_json_and_telemetry(trained_run, tmp_path):
