@@ -139,7 +139,7 @@ def rows_for_ids(
     its `{ids}` stands for them, passed as one JSON array after `parameters` (`IN ({ids})`
     reads as `IN (SELECT value FROM json_each(?))`, which SQLite plans as a lookup per id). The
     statement's text is the same for any number of ids, so the connection's statement cache
-    keeps it (a list of `?`, one per id, made a new statement every tick): 10-35% less time
+    keeps it (a list of `?`, one per id, made a new statement every tick): 14-38% less time
     than that list for 250 ids on a small VM (docs/benchmarks.md)."""
     if not ids:
         return []
