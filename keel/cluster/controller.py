@@ -207,8 +207,11 @@ class Controller:
         for attempt in self._attempts.values():
             if attempt["handle"] is None:
                 unlaunched.append(attempt)
-            else:
-                by_cluster.setdefault(attempt["cluster"], []).append(attempt)
+                continue
+            rows = by_cluster.get(attempt["cluster"])
+            if rows is None:
+                rows = by_cluster[attempt["cluster"]] = []
+            rows.append(attempt)
         for attempt in unlaunched:
             self._relaunch(attempt)
             if attempt["handle"] is not None and self._attempts.get(key(attempt)) is attempt:
@@ -222,18 +225,31 @@ class Controller:
                 reason = f"cluster {cluster} is not configured any more"
                 changes += [("lost", None, reason, now, *key(row)) for row in rows]
                 continue
+            handles = [row["handle"] for row in rows]
             try:
-                statuses = backend.poll([row["handle"] for row in rows])
+                statuses = backend.poll(handles)
             except KeelError as error:  # the engine is unreachable: its tasks are not lost
                 logger.warning("cluster %s did not answer this tick: %s", cluster, error)
                 continue
-            for row in rows:
-                status = statuses.get(row["handle"])
-                if status is None or status.state == row["state"]:  # a StrEnum: compares as str
+            get = statuses.get
+            for row, handle in zip(rows, handles, strict=True):
+                status = get(handle)
+                if status is None:
                     continue
-                ended = now if status.state in FINAL_ATTEMPT_STATES else None
+                new_state = status.state
+                if new_state == row["state"]:  # a StrEnum: compares as str (most: no news)
+                    continue
+                ended = now if new_state in FINAL_ATTEMPT_STATES else None
                 changes.append(
-                    (status.state.value, status.exit_code, status.reason, ended, *key(row))
+                    (
+                        new_state.value,
+                        status.exit_code,
+                        status.reason,
+                        ended,
+                        row["job_id"],
+                        row["replica"],
+                        row["attempt"],
+                    )
                 )
         return changes
 
@@ -275,14 +291,16 @@ class Controller:
         if jobs:
             latest = self._latest
             for job in jobs:
-                tasks = list(latest[job["id"]].values()) if job["id"] in latest else []
-                active = [t for t in tasks if t["state"] in ACTIVE]
+                replicas = latest.get(job["id"])
+                tasks = list(replicas.values()) if replicas else []
                 outcome = job["outcome"]
-                if job["state"] == "running" and not outcome:
-                    if tasks and not active and all(t["state"] == "succeeded" for t in tasks):
-                        self._end(job, "succeeded", "")
-                        finished += 1
-                        continue
+                running = job["state"] == "running" and not outcome
+                if running and tasks and all(t["state"] == "succeeded" for t in tasks):
+                    self._end(job, "succeeded", "")  # most jobs that move on: no list made
+                    finished += 1
+                    continue
+                active = [t for t in tasks if t["state"] in ACTIVE]
+                if running:
                     outcome = gang_outcome(tasks, bool(job["cancel_requested"]))
                     if outcome:
                         self.database.execute(
@@ -313,37 +331,35 @@ class Controller:
     ) -> None:
         """Move a job out of its cluster: to a final state, or back to the queue ("pending").
         Written by `_write_ends`, batched, inside the caller's transaction."""
-        now = self._now
+        now, job_id, cluster = self._now, job["id"], job["cluster"]
+        failures = job["failures"] if failures is None else failures
+        preemptions = job["preemptions"] if preemptions is None else preemptions
+        requeued = final == "pending"
         self._ends.append(
             (
                 final,
                 reason,
-                job["cluster"] if final != "pending" else None,
-                now if final != "pending" else None,
-                job["failures"] if failures is None else failures,
-                job["preemptions"] if preemptions is None else preemptions,
-                job["id"],
+                None if requeued else cluster,
+                None if requeued else now,
+                failures,
+                preemptions,
+                job_id,
             )
         )
         if final != "succeeded":  # a success is its job's row (state.job_events reads it)
-            kind = "requeued" if final == "pending" else final
-            self._events.append((now, job["id"], kind, reason))
-        job_id, cluster = job["id"], job["cluster"]
-        self._running.pop(job_id, None)
-        self._running_views.pop(job_id, None)
-        self._stopping.discard(job_id)
-        self._latest.pop(job_id, None)
-        self._queue.remove(job_id)
-        self._reasons.pop(job_id, None)
-        self._untried.discard(job_id)
-        if final == "pending":
-            self._rows[job_id].update(
-                state=final,
-                outcome="",
-                cluster=None,
-                failures=self._ends[-1][4],
-                preemptions=self._ends[-1][5],
-            )
+            self._events.append((now, job_id, "requeued" if requeued else final, reason))
+        if self._running.pop(job_id, None) is not None:  # it ran (or was being stopped)
+            self._running_views.pop(job_id, None)
+            self._stopping.discard(job_id)
+            self._latest.pop(job_id, None)
+        else:  # it was queued (a rejection)
+            self._queue.remove(job_id)
+            self._reasons.pop(job_id, None)
+            self._untried.discard(job_id)
+        if requeued:
+            row = self._rows[job_id]
+            row["state"], row["outcome"], row["cluster"] = final, "", None
+            row["failures"], row["preemptions"] = failures, preemptions
             self._requeued.append(job_id)
             info = self._jobs.get(job_id)
         else:
@@ -528,12 +544,18 @@ class Controller:
 
     def _record_assignments(self, assignments: list[tuple[str, str]]) -> list[tuple[Any, JobSpec]]:
         launches, taken = record_assignments(self.database, assignments, self._jobs, self._untried)
-        self._untried.difference_update(job_id for job_id, _ in assignments)
-        for attempt, _ in launches:
-            self._attempts[key(attempt)] = attempt
-            self._latest.setdefault(attempt["job_id"], {})[attempt["replica"]] = attempt
+        untried, queue = self._untried, self._queue
         for job_id, _ in assignments:  # taken, or no longer pending: out of the queue either way
-            self._queue.remove(job_id)
+            untried.discard(job_id)
+            queue.remove(job_id)
+        attempts, latest = self._attempts, self._latest
+        for attempt, _ in launches:
+            job_id, replica = attempt["job_id"], attempt["replica"]
+            attempts[job_id, replica, attempt["attempt"]] = attempt
+            replicas = latest.get(job_id)
+            if replicas is None:
+                replicas = latest[job_id] = {}
+            replicas[replica] = attempt
         if len(taken) < len(assignments):
             gone = {job_id for job_id, _ in assignments} - {job_id for job_id, _ in taken}
             logger.warning("jobs %s were no longer pending when assigned", sorted(gone))
@@ -541,11 +563,13 @@ class Controller:
                 self._jobs.pop(job_id, None)
                 self._rows.pop(job_id, None)
                 self._reasons.pop(job_id, None)
+        jobs, rows, running, reasons = self._jobs, self._rows, self._running, self._reasons
+        reserve, tick = self.ledger.reserve, self.ticks
         for job_id, cluster in taken:
-            self.ledger.reserve(job_id, cluster, self._jobs[job_id].pending.demand, self.ticks)
-            job = self._running[job_id] = self._rows[job_id]
-            job.update(state="running", cluster=cluster, outcome="")
-            self._reasons.pop(job_id, None)
+            reserve(job_id, cluster, jobs[job_id].pending.demand, tick)
+            job = running[job_id] = rows[job_id]
+            job["state"], job["cluster"], job["outcome"] = "running", cluster, ""
+            reasons.pop(job_id, None)
             self._set_view(job_id)
         return launches
 

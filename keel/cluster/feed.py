@@ -170,5 +170,6 @@ def _parsed(rows: list[tuple], shapes: Shapes) -> list[tuple[dict[str, Any], Job
         pending = PendingJob(
             row[0], spec.priority, row[width], demand, spec.region, spec.cluster, shape
         )
-        jobs.append((dict(zip(JOB_KEYS, row[:width], strict=True)), JobInfo(spec, pending)))
+        # zip stops after JOB_KEYS: the row's seq and spec follow them (no slice made)
+        jobs.append((dict(zip(JOB_KEYS, row, strict=False)), JobInfo(spec, pending)))
     return jobs

@@ -151,20 +151,22 @@ class Launcher:
         unstarted replicas are cancelled in the database); other handles wait in `unrecorded`."""
         failed: set[str] = set()
         refusals: list[tuple[dict[str, Any], Exception]] = []
+        backends, unrecorded, task = self.backends, self.unrecorded, self.task
         for attempt, spec in attempts:
-            if attempt["job_id"] in failed:
+            job_id = attempt["job_id"]
+            if job_id in failed:
                 continue
-            backend = self.backends.get(attempt["cluster"])
+            backend = backends.get(attempt["cluster"])
             try:
                 if backend is None:
                     raise UsageError(f"cluster {attempt['cluster']} is not configured any more")
-                handle = backend.launch(self.task(spec, attempt))
+                handle = backend.launch(task(spec, attempt))
             except Exception as error:  # recorded as the job's outcome; the tick goes on
-                logger.warning("launching %s.%s failed: %s", *key(attempt)[:2], error)
+                logger.warning("launching %s.%s failed: %s", job_id, attempt["replica"], error)
                 refusals.append((attempt, error))
-                failed.add(attempt["job_id"])
+                failed.add(job_id)
                 continue
-            self.unrecorded.append((handle, *key(attempt)))
+            unrecorded.append((handle, job_id, attempt["replica"], attempt["attempt"]))
             attempt["handle"] = handle
             if attempt["state"] == "launching":
                 attempt["state"] = "running"
@@ -201,30 +203,35 @@ class Launcher:
         attempt["state"], attempt["reason"] = "cancelled", "not started"
 
     def task(self, spec: JobSpec, attempt: Any) -> TaskLaunch:
-        job_id, replica, number = key(attempt)
+        """The TaskLaunch of one recorded attempt (built unchecked: ~250 a tick, from a spec
+        validated when submitted)."""
+        job_id, replica, number = attempt["job_id"], attempt["replica"], attempt["attempt"]
         resources = spec.resources
         gang_dir, gang_env = "", {}
         if spec.replicas > 1:  # a gang: its replicas find process 0 at one address per attempt
             gang_dir = f"{self.tasks_root}/{job_id}/gang/{number}"
             gang_env = {COORDINATOR: gang_coordinator(gang_dir)}
-        return TaskLaunch(
-            task_id=f"{job_id}.{replica}",
-            attempt=number,
-            command=spec.command,
-            env={
-                **spec.env,
-                "KEEL_JOB_ID": job_id,
-                "KEEL_REPLICA": str(replica),
-                "KEEL_REPLICAS": str(spec.replicas),
-                **gang_env,
+        return state.unchecked(
+            TaskLaunch,
+            {
+                "task_id": f"{job_id}.{replica}",
+                "attempt": number,
+                "command": spec.command,
+                "env": {
+                    **spec.env,
+                    "KEEL_JOB_ID": job_id,
+                    "KEEL_REPLICA": str(replica),
+                    "KEEL_REPLICAS": str(spec.replicas),
+                    **gang_env,
+                },
+                "cpus": resources.cpus,
+                "memory_mb": resources.memory_mb,
+                "device_type": resources.device_type,
+                "device_count": resources.device_count,
+                "log_dir": f"{self.tasks_root}/{job_id}/{replica}/{number}",
+                "workdir": spec.workdir,
+                "gang_dir": gang_dir,
             },
-            cpus=resources.cpus,
-            memory_mb=resources.memory_mb,
-            device_type=resources.device_type,
-            device_count=resources.device_count,
-            log_dir=f"{self.tasks_root}/{job_id}/{replica}/{number}",
-            workdir=spec.workdir,
-            gang_dir=gang_dir,
         )
 
     def _refuse(self, attempt: dict[str, Any], error: Exception) -> str:

@@ -241,6 +241,46 @@ def test_a_stored_spec_decodes_to_the_spec_submitted(tmp_path):
     control.close()
 
 
+def test_a_launch_is_the_task_launch_its_init_would_make(tmp_path):
+    """Launcher.task builds TaskLaunch without its __init__ (keel.cluster.state.unchecked):
+    the same fields and values, a gang's coordinator included."""
+    from keel.cluster.backend import TaskLaunch
+    from keel.cluster.launch import Launcher
+
+    spec = JobSpec(
+        ("python", "train.py"),
+        resources=Resources(cpus=2.5, memory_mb=512, device_type="h100", device_count=2),
+        replicas=2,
+        env={"A": "1"},
+        workdir="/work",
+    )
+    attempt = {"job_id": "j-000007", "replica": 1, "attempt": 3}
+    built = Launcher(None, {}, str(tmp_path)).task(spec, attempt)  # type: ignore[arg-type]
+    gang_dir = f"{tmp_path}/j-000007/gang/3"
+    expected = TaskLaunch(
+        task_id="j-000007.1",
+        attempt=3,
+        command=("python", "train.py"),
+        env={
+            "A": "1",
+            "KEEL_JOB_ID": "j-000007",
+            "KEEL_REPLICA": "1",
+            "KEEL_REPLICAS": "2",
+            "KEEL_COORDINATOR": (Path(gang_dir) / "coordinator").read_text().strip(),
+        },
+        cpus=2.5,
+        memory_mb=512,
+        device_type="h100",
+        device_count=2,
+        log_dir=f"{tmp_path}/j-000007/1/3",
+        workdir="/work",
+        gang_dir=gang_dir,
+    )
+    assert built == expected and vars(built) == vars(expected)
+    with pytest.raises(AttributeError):  # still frozen
+        built.attempt = 4  # type: ignore[misc]
+
+
 def test_a_requeued_job_restarts_with_its_next_attempt_after_a_controller_restart(tmp_path):
     """A queued job with an earlier attempt (requeued, then the controller stopped) gets attempt
     2 from the restarted controller, which learns at start which queued jobs have attempts."""
