@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from keel.core.errors import ConfigError
+from keel.model.grouped import blocked_swiglu, blocked_swiglu_routed
 from keel.model.router import Routing
 from keel.model.sharding import EXPERT_AXIS
 
@@ -37,7 +38,8 @@ def _group_sizes(ids: jax.Array, n_groups: int) -> jax.Array:
 
 
 def _combine(results: jax.Array, gates: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    """results [tokens * k, d] in (token, slot) order, gates [tokens, k] -> [tokens, d]."""
+    """results [tokens * k, d] in (token, slot) order (or [tokens, k, d]), gates [tokens, k] ->
+    [tokens, d]."""
     tokens, k = gates.shape
     per_slot = results.reshape(tokens, k, -1).astype(jnp.float32)
     return jnp.sum(per_slot * gates[..., None], axis=1).astype(dtype)
@@ -47,7 +49,11 @@ def dispatch_dropless(
     x: jax.Array, routing: Routing, experts: ExpertParams, fn: ExpertFn
 ) -> jax.Array:
     """One device, nothing dropped: x [tokens, d_in] -> [tokens, d_out] in x's dtype, the
-    gate-weighted sum of each token's top_k expert outputs."""
+    gate-weighted sum of each token's top_k expert outputs. With fn = grouped.blocked_swiglu
+    the tokens go straight into their experts' blocks (blocked_swiglu_routed: the same products,
+    without the argsort, the copy of the rows in expert order and the unsorting)."""
+    if fn is blocked_swiglu:
+        return _combine(blocked_swiglu_routed(experts, x, routing.experts), routing.gates, x.dtype)
     n_experts = _n_experts(experts)
     k = routing.experts.shape[1]
     flat = routing.experts.reshape(-1)

@@ -20,6 +20,7 @@ compares both on a GPU: `--presets 1b-moe@ragged`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +37,19 @@ def block_rows(rows: int, n_groups: int) -> int:
     return max(MIN_BLOCK_ROWS, 1 << (target.bit_length() - 1))
 
 
+@dataclass(frozen=True)
+class BlockLayout:
+    """m rows placed in expert-aligned blocks of `block` rows (padded_rows in all)."""
+
+    slot: jax.Array
+    """[m] int32 each row's padded row; padded_rows for a row in no group."""
+    source: jax.Array
+    """[padded_rows] int32 the row in each padded row; m for padding."""
+    block_group: jax.Array
+    """[padded_rows / block] int32 each block's expert."""
+    block: int
+
+
 def ragged_swiglu(experts, rows: jax.Array, group_sizes: jax.Array) -> jax.Array:
     """SwiGLU experts with `jax.lax.ragged_dot`: rows [m, d_e] sorted by expert -> [m, d_e]."""
     gate = jax.lax.ragged_dot(rows, experts.w_gate, group_sizes)
@@ -43,38 +57,81 @@ def ragged_swiglu(experts, rows: jax.Array, group_sizes: jax.Array) -> jax.Array
     return jax.lax.ragged_dot(jax.nn.silu(gate) * up, experts.w_down, group_sizes)
 
 
-def blocked_swiglu(
-    experts, rows: jax.Array, group_sizes: jax.Array, block: int | None = None
-) -> jax.Array:
-    """SwiGLU experts over expert-aligned blocks of `block` rows (default: block_rows)."""
-    m, width = rows.shape
-    n_groups = group_sizes.shape[0]
-    block = block or block_rows(m, n_groups)
+def block_layout(ids: jax.Array, n_groups: int, block: int) -> BlockLayout:
+    """Where rows go in expert-aligned blocks: ids [m] int group of each row in [0, n_groups]
+    (n_groups: in no group), in any order. Each group's rows keep their order and fill a run of
+    whole blocks; the groups' runs follow one another by group.
+
+    Ranks within groups come from a running count of one-hot ids ([m, n_groups] int32, 4 MiB
+    for 131,072 rows over 8 groups), no sort: the layout needs no rows in expert order."""
+    m = ids.shape[0]
     padded_rows = -(-(m + n_groups * (block - 1)) // block) * block
-    ends = jnp.cumsum(group_sizes)
-    starts = ends - group_sizes
-    padded_sizes = -(-group_sizes // block) * block
+    one_hot = jax.nn.one_hot(ids, n_groups, dtype=jnp.int32)  # a zero row for "no group"
+    rank = jnp.sum(jnp.cumsum(one_hot, axis=0) * one_hot, axis=1) - 1
+    padded_sizes = -(-jnp.sum(one_hot, axis=0) // block) * block
     padded_ends = jnp.cumsum(padded_sizes)
     padded_starts = padded_ends - padded_sizes
-
-    index = jnp.arange(m)
-    group = jnp.searchsorted(ends, index, side="right")  # n_groups for rows past the groups
-    valid = group < n_groups
-    safe = jnp.minimum(group, n_groups - 1)
-    destination = jnp.where(valid, padded_starts[safe] + index - starts[safe], padded_rows)
-    buffer = jnp.zeros((padded_rows, width), rows.dtype).at[destination].set(rows, mode="drop")
-
+    valid = ids < n_groups
+    slot = jnp.where(valid, padded_starts[jnp.minimum(ids, n_groups - 1)] + rank, padded_rows)
+    source = (
+        jnp.full((padded_rows,), m, jnp.int32)
+        .at[slot]
+        .set(jnp.arange(m, dtype=jnp.int32), mode="drop")
+    )
     n_blocks = padded_rows // block
     block_group = jnp.searchsorted(padded_ends, jnp.arange(n_blocks) * block, side="right")
     block_group = jnp.minimum(block_group, n_groups - 1)  # trailing empty blocks: any weights
-    blocks = buffer.reshape(n_blocks, block, width)
+    return BlockLayout(slot=slot, source=source, block_group=block_group, block=block)
+
+
+def swiglu_blocks(experts, blocks: jax.Array, block_group: jax.Array) -> jax.Array:
+    """blocks [n_blocks, block, d_e] -> [n_blocks, block, d_e]: each block through the SwiGLU
+    of its expert block_group [n_blocks], one batched product per matrix with each block's
+    weights gathered ([n_blocks, d_e, f_e])."""
 
     def per_block(x: jax.Array, weights: jax.Array) -> jax.Array:
         return jnp.einsum("qbi,qio->qbo", x, weights[block_group])
 
     hidden = jax.nn.silu(per_block(blocks, experts.w_gate)) * per_block(blocks, experts.w_up)
-    out = per_block(hidden, experts.w_down).reshape(padded_rows, -1)
-    return jnp.take(out, destination, axis=0, mode="fill", fill_value=0)
+    return per_block(hidden, experts.w_down)
+
+
+def _through_blocks(experts, rows: jax.Array, row_of: jax.Array, layout: BlockLayout):
+    """The padded rows are rows[row_of] (zero where row_of is past the rows), run through their
+    experts -> [padded_rows, d_e]."""
+    buffer = jnp.take(rows, row_of, axis=0, mode="fill", fill_value=0)
+    width = buffer.shape[-1]
+    out = swiglu_blocks(experts, buffer.reshape(-1, layout.block, width), layout.block_group)
+    return out.reshape(buffer.shape[0], -1)
+
+
+def blocked_swiglu(
+    experts, rows: jax.Array, group_sizes: jax.Array, block: int | None = None
+) -> jax.Array:
+    """SwiGLU experts over expert-aligned blocks of `block` rows (default: block_rows): rows
+    [m, d_e] sorted by expert -> [m, d_e]."""
+    m = rows.shape[0]
+    n_groups = group_sizes.shape[0]
+    ids = jnp.searchsorted(jnp.cumsum(group_sizes), jnp.arange(m), side="right")
+    layout = block_layout(ids, n_groups, block or block_rows(m, n_groups))
+    out = _through_blocks(experts, rows, layout.source, layout)
+    return jnp.take(out, layout.slot, axis=0, mode="fill", fill_value=0)
+
+
+def blocked_swiglu_routed(
+    experts, x: jax.Array, expert_ids: jax.Array, block: int | None = None
+) -> jax.Array:
+    """SwiGLU experts straight from the tokens: x [tokens, d_e], expert_ids [tokens, k] ->
+    [tokens, k, d_e], each token's output from each of its k experts. The same blocks as
+    blocked_swiglu with no rows sorted first: one gather from x into the blocks and one out of
+    them (no argsort, no scatter of rows, no unsorting)."""
+    tokens, k = expert_ids.shape
+    n_groups = jax.tree.leaves(experts)[0].shape[0]
+    ids = expert_ids.reshape(-1)
+    layout = block_layout(ids, n_groups, block or block_rows(ids.shape[0], n_groups))
+    out = _through_blocks(experts, x, layout.source // k, layout)  # padding: past the tokens
+    every = out.at[layout.slot].get(mode="promise_in_bounds")  # every row is routed
+    return every.reshape(tokens, k, -1)
 
 
 def expert_swiglu_for(kind: str) -> Callable:

@@ -1,12 +1,18 @@
 """The two grouped-matmul implementations agree: outputs and gradients, uneven and empty groups."""
 
+from dataclasses import replace
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from keel.model.config import ModelConfig
+from keel.model.dispatch import dispatch_dropless
 from keel.model.grouped import block_rows, blocked_swiglu, expert_swiglu_for, ragged_swiglu
-from keel.model.moe import ExpertParams
+from keel.model.moe import ExpertParams, init_moe, moe_forward
+from keel.model.router import route
 
 
 @pytest.mark.parametrize("sizes", [[37, 0, 64, 1, 90, 8], [200, 0, 0, 0, 0, 0], [0] * 6])
@@ -48,3 +54,53 @@ def test_blocks_grow_with_the_rows_per_expert():
     for rows, experts in [(4096, 8), (131_072, 32), (5000, 3)]:
         block = block_rows(rows, experts)
         assert block & (block - 1) == 0 and block * experts <= max(rows // 4, 64 * experts)
+
+
+@pytest.mark.parametrize("skew", [0.0, 3.0])  # 3.0: most tokens to two experts, some to none
+def test_blocks_from_the_tokens_equal_the_sorted_path(skew):
+    """The single-device fast path (tokens straight into blocks) against dispatch_dropless over
+    rows sorted by expert with ragged_dot, forward and gradients."""
+    config = ModelConfig(d_model=16, n_routed_experts=8, top_k=2, expert_ffn_dim=12, init_std=0.3)
+    params = init_moe(jax.random.key(0), config)
+    params = replace(params, router=params.router.at[:, :2].add(skew))
+    x = jax.random.normal(jax.random.key(1), (300, 16))
+    routing = route(x, params.router, jnp.zeros(8), config.router, config.top_k)
+
+    def loss(dispatch, experts, x):
+        return jnp.sum(jnp.sin(dispatch(x, routing, experts)))
+
+    def fast(x, routing, experts):
+        return dispatch_dropless(x, routing, experts, blocked_swiglu)
+
+    def sorted_ragged(x, routing, experts):
+        return dispatch_dropless(x, routing, experts, ragged_swiglu)
+
+    got = fast(x, routing, params.experts)
+    want = sorted_ragged(x, routing, params.experts)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    grads = [
+        jax.grad(partial(loss, dispatch), argnums=(0, 1))(params.experts, x)
+        for dispatch in (fast, sorted_ragged)
+    ]
+    for got_leaf, want_leaf in zip(*map(jax.tree.leaves, grads), strict=True):
+        np.testing.assert_allclose(got_leaf, want_leaf, rtol=1e-5, atol=1e-5)
+
+
+def test_the_moe_layer_takes_the_fast_path_for_blocks():
+    config = ModelConfig(d_model=16, n_routed_experts=4, top_k=2, expert_ffn_dim=8)
+    params = init_moe(jax.random.key(0), config)
+    x = jax.random.normal(jax.random.key(1), (64, 16))
+    bias = jnp.zeros(4)
+
+    def loss(kind, params, x):
+        y, stats = moe_forward(params, x, bias, replace(config, grouped_matmul=kind), None)
+        return jnp.sum(y**2) + stats.z_loss
+
+    blocks = jax.jit(partial(loss, "blocks")).lower(params, x).as_text()
+    assert "stablehlo.sort" not in blocks  # no argsort: the tokens go straight into blocks
+    for got, want in zip(
+        *(jax.tree.leaves(jax.grad(partial(loss, kind), argnums=(0, 1))(params, x))
+          for kind in ("blocks", "ragged")),
+        strict=True,
+    ):  # fmt: skip
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
