@@ -3,10 +3,11 @@
     tokenize (the quickstart's token cache, shared with it)
        └─> ladder-<budget>-<shape> x 9 (3 budgets x 3 sizes) ─> ladder-runs (runs.csv) ─> ladder
 
-3 budgets (FLOPs) x 3 one-layer widths chosen by keel.scaling.sweep around the prior optimum
-N ≈ sqrt(C / (6·r)); `ladder` fits the isoFLOP parabolas and N* = G·C^a, D* = H·C^b (Approach
-2) and L(N, D) (Approach 3) and writes isoflops.png, optimal.png and predicted_vs_actual.png.
-Minutes on a laptop CPU. Run it with `keel scaling ladder` (which also prints the fit) or
+3 budgets (5e10, 1.25e11, 3.125e11 FLOPs) x 3 one-layer widths chosen by keel.scaling.sweep
+around the prior optimum N ≈ sqrt(C / (6·r)), 6,968 steps and 3.6M tokens in all; `ladder` fits
+the isoFLOP parabolas and N* = G·C^a, D* = H·C^b (Approach 2) and L(N, D) (Approach 3) and writes
+isoflops.png, optimal.png and predicted_vs_actual.png. Minutes on 2 CPU cores (docs/scaling.md
+has the measured time). Run it with `keel scaling ladder` (which also prints the fit) or
 `keel run keel/experiments/ladder.py`; check a run against it with
 `keel scaling ladder --compare RUN_DIR`.
 """
@@ -35,15 +36,15 @@ BASE = TrainConfig(
 )
 SWEEP = SweepConfig(
     base=BASE,
-    budgets=(2e11, 5e11, 1.25e12),
+    budgets=(5e10, 1.25e11, 3.125e11),
     widths=(8, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128),
     depths=(1,),
     points_per_budget=3,
     tokens_per_param=6.0,  # the 4,096-id embedding is most of N here: optima sit at larger N
-    spacing=3.0,
+    spacing=2.0,  # 3 bracketed 1.25e11 with d8, d12, d40: a flat, noisy minimum (docs/scaling.md)
 )
 
 sweep = sweep_steps(SWEEP, (output_of(tokens),), name="ladder")
-ladder = ladder_step("ladder", sweep[-1], extrapolate_to=4e14)  # ~300x the largest budget
+ladder = ladder_step("ladder", sweep[-1], extrapolate_to=1e14)  # 320x the largest budget
 
 STEPS = [ladder]
