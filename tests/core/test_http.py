@@ -213,7 +213,10 @@ def test_a_bad_job_spec_is_a_400_with_one_line(controller, spec, fragment):
 def test_a_token_is_only_taken_as_bearer(kind, tmp_path, store):
     server = Writable(kind, tmp_path, store, token="s3cret")
     try:
-        for given in ("s3cret", "Basic s3cret", "Bearer  s3cret", "Bearer s3cret ", "Bearers3cret"):
+        # Not "Bearer s3cret ": whitespace after a header value is not part of it (RFC 9110
+        # 5.5), and the HTTP parser (httptools 0.9) drops it before keel sees the header.
+        refused = ("s3cret", "Basic s3cret", "Bearer  s3cret", "Bearer s3cret x", "Bearers3cret")
+        for given in refused:
             assert_refused(server.post({**JSON, "Authorization": given}), 401, "Bearer")
         assert server.taken() == 0
         assert server.post({**JSON, "Authorization": "Bearer s3cret"})[0] == 200
