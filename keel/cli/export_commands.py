@@ -33,8 +33,8 @@ def export_command(
 
     The hf directory loads with transformers' AutoModelForCausalLM and AutoTokenizer: dense
     models as Qwen3 (QK-norm) or Llama, MoE models without shared experts as Qwen3-MoE, any
-    other model as KeelForCausalLM (keel's modeling file in the directory: load it with
-    trust_remote_code=True).
+    other model as KeelForCausalLM (keel's modeling file in the directory: load it, and its
+    tokenizer, with trust_remote_code=True).
 
     Examples:
       keel export runs/tiny --format hf --output exports/tiny
@@ -54,3 +54,12 @@ def export_command(
         markup=False,
         highlight=False,
     )
+    if exported.remote_code:
+        stdout.print(
+            f"load it with trust_remote_code=True (the model's code is in {output}): "
+            f"AutoModelForCausalLM.from_pretrained({output!r}, trust_remote_code=True), and "
+            "the same for AutoTokenizer, which reads config.json too and otherwise asks whether "
+            "to run the code",
+            markup=False,
+            highlight=False,
+        )

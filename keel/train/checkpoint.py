@@ -34,6 +34,21 @@ CHECKPOINTS_DIR = "checkpoints"
 logger = logging.getLogger(__name__)
 
 
+class _ReadOnlyNotice(logging.Filter):
+    """Drops Orbax's warnings that a read-only manager is read only ("Given directory is read
+    only", "CheckpointManagerOptions.read_only=True, setting max_to_keep=None", ...): keel
+    opens a run read-only on purpose (sample, eval, export, a run started from another's
+    checkpoint), so every such command printed four warnings as if something were wrong."""
+
+    NOTICES = ("Given directory is read only", "CheckpointManagerOptions.read_only=True")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.NOTICES)
+
+
+logging.getLogger("absl").addFilter(_ReadOnlyNotice())
+
+
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class TrainState:

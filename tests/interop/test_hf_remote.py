@@ -6,6 +6,8 @@ Needs the `interop` extra (torch, transformers); skipped cleanly without it. Off
 remote code is read from the export directory (conftest sets HF_HUB_OFFLINE)."""
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 
 import jax
@@ -15,6 +17,7 @@ import pytest
 from hf_support import random_trained
 from mesh_support import tiny_moe
 from test_hf_parity import TOKENS, TOLERANCE, keel_logits
+from tokenizers import Tokenizer
 
 from keel.core.config import apply_overrides
 from keel.model.config import RouterConfig
@@ -157,3 +160,33 @@ def assert_same_greedy_tokens(trained, directory) -> None:
         compared = near_ties[0] if near_ties.size else GREEDY_TOKENS
         assert compared >= 16, (row, margins[row])
         np.testing.assert_array_equal(theirs[row, :compared], ours[row, :compared])
+
+
+def test_the_command_says_how_to_load_a_keel_class_export_and_its_tokenizer_loads(
+    trained_run, tmp_path
+):
+    """`keel export --architecture KeelForCausalLM` prints the trust_remote_code reminder and no
+    Orbax read-only warnings; with the flag, AutoTokenizer loads the run's tokenizer without
+    asking (stdin closed: a prompt would print its question)."""
+    output = tmp_path / "hf"
+    command = [sys.executable, "-m", "keel", "export", str(trained_run)]
+    done = subprocess.run(
+        [*command, "--architecture", "KeelForCausalLM", "--output", str(output)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    reminder = f"AutoModelForCausalLM.from_pretrained('{output}', trust_remote_code=True)"
+    assert reminder in done.stdout
+    assert "absl" not in done.stderr
+    text = "The tower is 330 metres tall."
+    load = (
+        "import sys, transformers\n"
+        "t = transformers.AutoTokenizer.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
+        "print(t(sys.argv[2])['input_ids'])"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", load, str(output), text],
+        capture_output=True, text=True, timeout=120, check=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert "Do you wish to run" not in loaded.stdout + loaded.stderr
+    run_tokenizer = Tokenizer.from_file(str(output / "tokenizer.json"))
+    assert loaded.stdout.strip() == str(run_tokenizer.encode(text).ids)
