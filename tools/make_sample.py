@@ -8,12 +8,18 @@ Writes into keel/experiments/sample/ (sources and licenses: NOTICE):
   (30 pages, navigation included), {"url", "html"}, in URL order.
 - gsm8k.jsonl.gz: the first 200 problems of GSM8K's test split, {"question", "answer"}: the eval
   set the quickstart decontaminates against.
+- crawl.jsonl.gz: raw HTML pages as a web crawl returns them, {"url", "html"}, so that every
+  quickstart stage has something to remove: MIRRORED articles of the WikiText sample republished
+  by a mirror site (its own navigation and footer, the last paragraph cut: near duplicates), a
+  Python docs page outside the pydocs sample fetched twice under two URLs (exact duplicates),
+  and a worksheet page that quotes LEAKED GSM8K problems with their answers (contamination).
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import html
 import json
 import re
 from pathlib import Path
@@ -23,6 +29,37 @@ DATASETS = Path("../shared/datasets")
 SAMPLE = Path("keel/experiments/sample")
 PYDOCS_SECTIONS = ("/3.11/tutorial/", "/3.11/distutils/")
 GSM8K_ITEMS = 200
+MIRRORED = (2, 8, 13, 30)
+"""Articles of the WikiText sample (0-based) the crawl's mirror site republishes."""
+LEAKED = (4, 17, 42)
+"""GSM8K sample problems (0-based) the crawl's worksheet page quotes."""
+TWICE = "https://docs.python.org/3.11/howto/sorting.html"
+"""The Python docs page the crawl fetched under two URLs."""
+MIRROR_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title} - WikiMirror</title></head>
+<body>
+<nav><a href="/">WikiMirror</a> | <a href="/random">Random article</a>
+| <a href="/login">Log in</a></nav>
+<div id="content"><h1>{title}</h1>
+{paragraphs}
+</div>
+<footer><p>This page is a copy of a Wikipedia article. Text is available under the Creative
+Commons Attribution-ShareAlike License.</p><p>Mirror last updated 2024.</p></footer>
+</body></html>
+"""
+WORKSHEET_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>Grade school maths practice with answers</title></head>
+<body>
+<nav><a href="/">Homework help</a> | <a href="/worksheets">Worksheets</a></nav>
+<div id="content"><h1>Word problems with worked answers</h1>
+<p>Here are some word problems our students found useful before their exams. Try each one
+yourself first, then check the worked answer below it.</p>
+{problems}
+</div>
+<footer><p>Copyright Homework help. All rights reserved.</p></footer>
+</body></html>
+"""
 
 
 def articles(lines: list[str]) -> list[tuple[str, str]]:
@@ -73,6 +110,33 @@ def main() -> None:
         SAMPLE / "gsm8k.jsonl.gz",
         [{"question": p["question"], "answer": p["answer"]} for p in problems],
     )
+    crawled = crawl(articles(wikitext)[: args.articles], pages, problems)
+    write_jsonl_gz(SAMPLE / "crawl.jsonl.gz", crawled)
+
+
+def crawl(articles: list[tuple[str, str]], pages: list[dict], problems: list[dict]) -> list[dict]:
+    """The crawl's pages: mirrors of MIRRORED articles, TWICE under two URLs, the worksheet."""
+    rows = []
+    for index in MIRRORED:
+        title, text = articles[index]
+        kept = text.split("\n")[:-1] or text.split("\n")
+        paragraphs = "\n".join(f"<p>{html.escape(part)}</p>" for part in kept)
+        page = MIRROR_PAGE.format(title=html.escape(title), paragraphs=paragraphs)
+        slug = re.sub(r"\W+", "_", title).strip("_")
+        rows.append({"url": f"https://wikimirror.example/wiki/{slug}", "html": page})
+    sorting = next(page for page in pages if page["url"] == TWICE)
+    rows.append({"url": TWICE, "html": sorting["html"]})
+    rows.append({"url": TWICE + "?highlight=sort", "html": sorting["html"]})
+    quoted = "\n".join(
+        f"<h2>Problem {number}</h2>\n<p>{html.escape(problems[index]['question'])}</p>\n"
+        f"<p>Answer: {html.escape(problems[index]['answer'])}</p>"
+        for number, index in enumerate(LEAKED, 1)
+    )
+    rows.append(
+        {"url": "https://homework.example/worksheets/word-problems",
+         "html": WORKSHEET_PAGE.format(problems=quoted)}
+    )  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":

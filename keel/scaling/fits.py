@@ -296,7 +296,8 @@ class ParametricFit:
     """Approach 3: L(N, D) = E + A/N^α + B/D^β in nats (N parameters, D tokens).
 
     a = β/(α+β), b = α/(α+β) are the exponents of N*, D* in C; `loss` is the summed Huber objective.
-    `samples` [bootstrap, 5] holds (ln A, ln B, ln E, α, β) refitted on resampled runs.
+    `samples` [bootstrap, 5] holds (ln A, ln B, ln E, α, β) refitted on resampled runs (none when
+    fitted with bootstrap=0: the intervals are then NaN).
     """
 
     E: float

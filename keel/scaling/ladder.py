@@ -128,9 +128,12 @@ def fit_ladder(
     runs: Runs, budgets: Sequence[float] | None = None, bootstrap: int = 200
 ) -> tuple[Ladder, IsoflopFit, ParametricFit]:
     """(Ladder, IsoflopFit, ParametricFit) of a sweep's runs; UsageError (naming the budget) when
-    an isoFLOP curve has no interior minimum."""
+    an isoFLOP curve has no interior minimum. `bootstrap` resamples the isoFLOP fit (its
+    intervals go into ladder.json and optimal.png); the parametric law is fitted once, without
+    resamples, as the ladder keeps only its point estimate (`keel scaling fit --method
+    parametric` gives its intervals): 100 refits were ~80% of the step's fitting time."""
     isoflop = fit_isoflop(runs, list(budgets) if budgets else None, bootstrap=bootstrap)
-    parametric = fit_parametric(runs, bootstrap=min(bootstrap, 100))
+    parametric = fit_parametric(runs, bootstrap=0)
     ladder = Ladder(
         budgets=tuple(
             LadderBudget(f.flops, f.n_opt, f.d_opt, f.loss_opt) for f in isoflop.budgets
