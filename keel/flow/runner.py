@@ -267,7 +267,7 @@ def _run_stage(backend, stage, tasks, retries, progress: ProgressDisplay):
     results = backend.run(tasks, retries=retries, on_done=done) if tasks else []
     counters.seconds = time.monotonic() - began
     shown.finish()
-    logger.info(
+    logger.debug(  # engine detail: commands print their own report; `keel -v` shows these
         "stage %d (%s): %d tasks, %d rows in, %d out, %d bytes spilled, %d retries",
         stage.index,
         stage.name,
