@@ -57,18 +57,27 @@ def ragged_swiglu(experts, rows: jax.Array, group_sizes: jax.Array) -> jax.Array
     return jax.lax.ragged_dot(jax.nn.silu(gate) * up, experts.w_down, group_sizes)
 
 
-def block_layout(ids: jax.Array, n_groups: int, block: int) -> BlockLayout:
+def block_layout(
+    ids: jax.Array, n_groups: int, block: int, group_sizes: jax.Array | None = None
+) -> BlockLayout:
     """Where rows go in expert-aligned blocks: ids [m] int group of each row in [0, n_groups]
-    (n_groups: in no group), in any order. Each group's rows keep their order and fill a run of
-    whole blocks; the groups' runs follow one another by group.
+    (n_groups: in no group). Each group's rows keep their order and fill a run of whole blocks;
+    the groups' runs follow one another by group.
 
-    Ranks within groups come from a running count of one-hot ids ([m, n_groups] int32, 4 MiB
-    for 131,072 rows over 8 groups), no sort: the layout needs no rows in expert order."""
+    Rows in any order: ranks within groups come from a running count of one-hot ids
+    ([m, n_groups] int32, 4 MiB for 131,072 rows over 8 groups), no sort: the layout needs no
+    rows in expert order. Rows sorted by group: pass group_sizes [n_groups] int32, and each
+    rank is the row's distance from its group's first row (no count)."""
     m = ids.shape[0]
     padded_rows = -(-(m + n_groups * (block - 1)) // block) * block
-    one_hot = jax.nn.one_hot(ids, n_groups, dtype=jnp.int32)  # a zero row for "no group"
-    rank = jnp.sum(jnp.cumsum(one_hot, axis=0) * one_hot, axis=1) - 1
-    padded_sizes = -(-jnp.sum(one_hot, axis=0) // block) * block
+    if group_sizes is None:
+        one_hot = jax.nn.one_hot(ids, n_groups, dtype=jnp.int32)  # a zero row for "no group"
+        rank = jnp.sum(jnp.cumsum(one_hot, axis=0) * one_hot, axis=1) - 1
+        group_sizes = jnp.sum(one_hot, axis=0)
+    else:
+        starts = jnp.cumsum(group_sizes) - group_sizes
+        rank = jnp.arange(m, dtype=jnp.int32) - starts[jnp.minimum(ids, n_groups - 1)]
+    padded_sizes = -(-group_sizes // block) * block
     padded_ends = jnp.cumsum(padded_sizes)
     padded_starts = padded_ends - padded_sizes
     valid = ids < n_groups
@@ -113,7 +122,7 @@ def blocked_swiglu(
     m = rows.shape[0]
     n_groups = group_sizes.shape[0]
     ids = jnp.searchsorted(jnp.cumsum(group_sizes), jnp.arange(m), side="right")
-    layout = block_layout(ids, n_groups, block or block_rows(m, n_groups))
+    layout = block_layout(ids, n_groups, block or block_rows(m, n_groups), group_sizes)
     out = _through_blocks(experts, rows, layout.source, layout)
     return jnp.take(out, layout.slot, axis=0, mode="fill", fill_value=0)
 
