@@ -1,14 +1,17 @@
 """The quickstart: DataKit end to end on the bundled samples (see NOTICE), as keel steps.
 
     ingest_wikitext ─┐
-                     ├─> quality -> filter -> exact_dedup -> fuzzy_dedup -> decontam -> tokenize
-    ingest_pydocs ───┘      (language, Gopher heuristics)        (vs GSM8K)    (BPE + token cache)
+    ingest_pydocs ───┼─> quality -> filter -> exact_dedup -> fuzzy_dedup -> decontam -> tokenize
+    ingest_crawl ────┘      (language, Gopher heuristics)        (vs GSM8K)    (BPE + token cache)
                                                                                      │
                       summary (drop accounting, tokens, loss, bits/byte) <── train <─┘
                                                                          (tiny-moe)
 
-ingest_pydocs extracts the main text of 30 raw HTML pages of the Python docs; ingest_wikitext
-reads 40 Wikipedia articles. Every data stage runs on keel/flow worker processes, writes
+ingest_wikitext reads 40 Wikipedia articles; ingest_pydocs extracts the main text of 30 raw HTML
+pages of the Python docs; ingest_crawl extracts 7 pages shaped as a web crawl returns them: mirror
+copies of four of the articles, one docs page fetched under two URLs and a page quoting GSM8K
+problems, so that exact and fuzzy dedup and decontamination each remove something (NOTICE says
+how the samples were made). Every data stage runs on keel/flow worker processes, writes
 stage.json with its drop accounting, and is cached as a step. `train` trains the tiny-moe preset
 (an 8-expert MoE transformer) on the token cache and evaluates bits per byte on held-out windows.
 Run it with `keel quickstart`, or
@@ -138,8 +141,18 @@ pydocs = Step(
         "pydocs.jsonl.gz", IngestConfig(format="jsonl", html_field="html", source="pydocs")
     ),
 )
+crawl = Step(
+    "ingest_crawl",
+    ingest_bundled,
+    BundledIngest(
+        "crawl.jsonl.gz", IngestConfig(format="jsonl", html_field="html", source="crawl")
+    ),
+)
 quality = data_step(
-    "quality", run_quality, (output_of(wikitext), output_of(pydocs)), QualityConfig()
+    "quality",
+    run_quality,
+    (output_of(wikitext), output_of(pydocs), output_of(crawl)),
+    QualityConfig(),
 )
 kept = data_step("filter", run_filter, output_of(quality), FilterConfig())
 exact = data_step("exact_dedup", run_exact_dedup, output_of(kept), ExactDedupConfig())
@@ -157,7 +170,7 @@ summary = Step(
     SummaryConfig(
         stages=tuple(
             output_of(step)
-            for step in (wikitext, pydocs, quality, kept, exact, fuzzy, clean, tokens)
+            for step in (wikitext, pydocs, crawl, quality, kept, exact, fuzzy, clean, tokens)
         ),
         cache=output_of(tokens),
         train=output_of(trained),

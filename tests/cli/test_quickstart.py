@@ -16,6 +16,7 @@ pytestmark = pytest.mark.timeout(900)  # the module's first quickstart also trai
 STEPS = [
     "ingest_wikitext",
     "ingest_pydocs",
+    "ingest_crawl",
     "quality",
     "filter",
     "exact_dedup",
@@ -54,8 +55,8 @@ def test_quickstart_runs_every_stage_and_accounts_for_every_document(done):
     summary = cli.first_summary
     stages = {stage["stage"]: stage for stage in summary["stages"]}
     assert stages["ingest"]["documents_out"] > 0
-    chain = summary["stages"][2:]  # quality -> ... -> tokenize, each reading the previous one
-    assert chain[0]["documents_in"] == sum(s["documents_out"] for s in summary["stages"][:2])
+    chain = summary["stages"][3:]  # quality -> ... -> tokenize, each reading the previous one
+    assert chain[0]["documents_in"] == sum(s["documents_out"] for s in summary["stages"][:3])
     for before, after in itertools.pairwise(chain):
         assert after["documents_in"] == before["documents_out"]
     for stage in summary["stages"]:
@@ -65,6 +66,20 @@ def test_quickstart_runs_every_stage_and_accounts_for_every_document(done):
     cache.verify()
     assert cache.manifest.total_tokens == summary["tokens"] > 100_000
     assert cache.manifest.documents == chain[-1]["documents_out"]
+
+
+def test_every_cleaning_stage_removes_something_from_the_bundled_samples(done):
+    """The bundled crawl holds exact and near duplicates and a page quoting the eval set: each
+    stage shows its job in the summary, and the first screen says so."""
+    cli, first = done
+    stages = {stage["stage"]: stage for stage in cli.first_summary["stages"]}
+    assert stages["exact_dedup"]["dropped"]["exact_duplicate"] >= 1
+    assert stages["fuzzy_dedup"]["dropped"]["near_duplicate"] >= 3
+    assert sum(stages["decontam"]["dropped"].values()) >= 1
+    assert sum(stages["filter"]["dropped"].values()) >= 1
+    for step in ("exact_dedup", "fuzzy_dedup", "decontam"):
+        row = next(line for line in first.stdout.splitlines() if line.startswith(f"│ {step}-"))
+        assert "│ -" not in row, row  # a drop, not the "-" of nothing dropped
 
 
 def test_second_run_is_entirely_cached(done):
@@ -90,10 +105,10 @@ def test_a_threshold_change_reruns_from_that_stage_on(done):
     )
     assert changed.returncode == 0, changed.stderr
     result = json.loads(changed.stdout)
-    assert result["cached"] == STEPS[:3]
-    assert result["executed"] == STEPS[3:]
+    assert result["cached"] == STEPS[:4]
+    assert result["executed"] == STEPS[4:]
     summaries = [json.loads(p.read_text()) for p in cli.prefix.glob("summary-*/summary.json")]
-    strict = next(s for s in summaries if s["stages"][3]["dropped"].get("min_word_count", 0) > 5)
+    strict = next(s for s in summaries if s["stages"][4]["dropped"].get("min_word_count", 0) > 5)
     assert strict["tokens"] < cli.first_summary["tokens"] or len(summaries) == 2
 
 
