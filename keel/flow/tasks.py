@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from keel.core import paths
 from keel.flow.keys import HIDDEN_COLUMNS, KEY_COLUMN
@@ -90,6 +91,11 @@ class FileOutput:
     commit: bool = True
     """False: the files are placed in `destination`, a staging directory the caller commits
     (keel.core.commit.staged_output), with no _SUCCESS and no commit of their own."""
+    aside: tuple[str, ...] = ()
+    """Columns of side rows: a row whose first aside column is not null is not written to the
+    files but set aside (only these columns) and returned as FlowResult.aside, in input order;
+    the files get the other rows without these columns. For a small record of what a pass did
+    (a stage's drops by reason) kept beside the rows it writes, in the same pass."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,8 @@ class TaskResult:
     peak_rss: int = 0
     """Peak resident memory of the worker process so far, in bytes (Linux; 0 elsewhere)."""
     skipped: SkipLog = field(default_factory=lambda: SkipLog({}, []))
+    aside: list[str] = field(default_factory=list)
+    """Arrow stream files of the rows set aside (FileOutput.aside)."""
 
 
 def stage_dir(work_dir: str, stage: int) -> str:
@@ -163,7 +171,13 @@ class Task:
             chunks = self._sorted(chunks)
         writer = self._writer(directory)
         limit = self.output.limit if isinstance(self.output, CollectOutput) else None
+        aside = self.output.aside if isinstance(self.output, FileOutput) else ()
+        set_aside = SpillStreams(directory, "aside-") if aside else None
         for batch in chunks:
+            if set_aside is not None:
+                batch = _set_aside(batch, aside, set_aside)
+                if batch.num_rows == 0:
+                    continue
             result.rows_out += batch.num_rows
             if writer is not None:
                 writer.write(batch)
@@ -178,6 +192,8 @@ class Task:
             result.files = writer.close()
         elif isinstance(writer, SpillStreams):
             result.files = [s.path for s in writer.close().get(0, [])]
+        if set_aside is not None:
+            result.aside = [s.path for s in set_aside.close().get(0, [])]
         result.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return result
 
@@ -238,6 +254,18 @@ class Task:
         if isinstance(output, CollectOutput):
             return _CollectWriter(directory)
         return None
+
+
+def _set_aside(
+    batch: pa.RecordBatch, columns: tuple[str, ...], streams: SpillStreams
+) -> pa.RecordBatch:
+    """Append the batch's side rows (columns[0] not null; only `columns`) to `streams`; return
+    its other rows without `columns`."""
+    marked = pc.is_valid(batch.column(columns[0]))
+    side = batch.filter(marked).select(list(columns))
+    if side.num_rows:
+        streams.append(0, side)
+    return batch.filter(pc.invert(marked)).drop_columns(list(columns))
 
 
 def _visible(batch: pa.RecordBatch) -> pa.RecordBatch:
