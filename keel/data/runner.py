@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+import xxhash
 
 from keel.core import paths
 from keel.core.errors import UsageError
@@ -43,6 +45,7 @@ from keel.data.stage import (
     with_drop_summary,
 )
 from keel.flow import RunOptions, pooled
+from keel.flow.sources import expand
 
 logger = logging.getLogger(__name__)
 
@@ -117,9 +120,11 @@ def run_map_stages(
         fields = check_chain(chain, input)
         functions = tuple(stage.batches(config) for stage, config in chain)
         docs = inputs.read_documents(input, fields=fields, require_text=chain[0][0].require_text)
-        result = docs.map_batches(
-            functools.partial(apply_chain, functions=functions)
-        ).write_parquet(staging, options=options, commit=False, aside=ASIDE_COLUMNS)
+        fused = docs.map_batches(functools.partial(apply_chain, functions=functions))
+        checkpoint = checkpoint_dir(chain, input, output)
+        result = fused.write_parquet(
+            staging, options=options, commit=False, aside=ASIDE_COLUMNS, checkpoint=checkpoint
+        )
         drops = stage_drops(result.aside, len(chain))
         documents_in = result.stages[0].rows_in if result.stages else 0
         reports = []
@@ -135,7 +140,22 @@ def run_map_stages(
             )
         report = reports[0] if len(reports) == 1 else _chain_report(reports)
         report.write(staging)
+    paths.remove_tree(checkpoint)  # committed: the finished shards are in the output
     return report
+
+
+def checkpoint_dir(chain: Chain, input: inputs.Input, output: str) -> str:
+    """Where a map pass keeps its finished shards until its output is committed (keel.flow's
+    FileOutput.checkpoint): beside `output`, named for the stages, their configs and the input
+    files (paths, sizes, modification times), so a rerun of the same work resumes there and
+    any change starts afresh."""
+    identity = [[stage.name, repr(config)] for stage, config in chain]
+    for file in expand(documents.parquet_glob(input)):
+        fs, fs_path = paths.filesystem(file)
+        info = fs.info(fs_path)
+        identity.append([file, info.get("size"), str(info.get("mtime", info.get("LastModified")))])
+    digest = xxhash.xxh3_64_hexdigest(json.dumps(identity).encode())
+    return f"{paths.normalize(output)}.partial-{digest}"
 
 
 def apply_chain(batch: pa.RecordBatch, functions: Sequence[BatchFunction]) -> pa.Table:

@@ -118,6 +118,7 @@ class Dataset:
         options: RunOptions | None = None,
         commit: bool = True,
         aside: Sequence[str] = (),
+        checkpoint: str | None = None,
         **overrides: Any,
     ) -> FlowResult:
         """Write zstd Parquet files `part-NNNNN-of-NNNNN.parquet` to `directory`, atomically.
@@ -127,9 +128,11 @@ class Dataset:
         `commit=False` the files go into `directory` as they are, for a caller that writes more
         files beside them and commits the whole (keel.core.commit.staged_output's staging).
         `aside`: rows whose first such column is not null are returned in FlowResult.aside
-        (those columns only) instead of being written; the files lack these columns."""
+        (those columns only) instead of being written; the files lack these columns.
+        `checkpoint`: a directory where finished tasks of a one-stage plan are kept, so that a
+        rerun after a failure redoes only the others (tasks.FileOutput.checkpoint)."""
         output = FileOutput(
-            "parquet", target_file_bytes, os.fspath(directory), commit, tuple(aside)
+            "parquet", target_file_bytes, os.fspath(directory), commit, tuple(aside), checkpoint
         )
         return self.run(output, options, **overrides)
 

@@ -8,6 +8,7 @@ the files named in the successful attempt's result.
 
 from __future__ import annotations
 
+import json
 import resource
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -96,6 +97,12 @@ class FileOutput:
     files but set aside (only these columns) and returned as FlowResult.aside, in input order;
     the files get the other rows without these columns. For a small record of what a pass did
     (a stage's drops by reason) kept beside the rows it writes, in the same pass."""
+    checkpoint: str | None = None
+    """A directory where each finished task of a one-stage plan (narrow operations on the
+    source) keeps its files and a done marker, `task-NNNNN/done.json`; a task whose marker is
+    there returns what it recorded instead of running, so a rerun of a failed run redoes only
+    the unfinished shards. The caller names the directory for the run's identity (its input
+    files, operations and settings) and removes it once the output is committed."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,22 @@ class Task:
         return paths.join(stage_dir(self.work_dir, self.stage), f"task-{self.index:05d}-a{attempt}")
 
     def run(self, attempt: int) -> TaskResult:
+        checkpoint = self.output.checkpoint if isinstance(self.output, FileOutput) else None
+        if checkpoint is None or not isinstance(self.input, SourceInput):
+            return self._run(attempt)
+        kept = paths.join(checkpoint, f"task-{self.index:05d}")
+        marker = paths.join(kept, DONE_MARKER)
+        if paths.exists(marker):
+            recorded = _recorded_result(paths.read_text(marker))
+            if all(paths.exists(path) for path in [*recorded.files, *recorded.aside]):
+                return recorded
+        result = self._run(attempt)
+        result.files = [_keep(path, kept) for path in result.files]
+        result.aside = [_keep(path, kept) for path in result.aside]
+        paths.write_text(marker, _result_record(result))
+        return result
+
+    def _run(self, attempt: int) -> TaskResult:
         directory = self.attempt_dir(attempt)
         paths.make_dirs(directory)
         result = TaskResult()
@@ -254,6 +277,40 @@ class Task:
         if isinstance(output, CollectOutput):
             return _CollectWriter(directory)
         return None
+
+
+DONE_MARKER = "done.json"
+
+
+def _keep(path: str, directory: str) -> str:
+    target = paths.join(directory, path.rsplit("/", 1)[-1])
+    paths.move_file(path, target)
+    return target
+
+
+def _result_record(result: TaskResult) -> str:
+    """A finished task's result as JSON (FileOutput.checkpoint's done marker)."""
+    return json.dumps(
+        {
+            "files": result.files,
+            "aside": result.aside,
+            "rows_in": result.rows_in,
+            "rows_out": result.rows_out,
+            "skipped": {"counts": result.skipped.counts, "sample": result.skipped.sample},
+        }
+    )
+
+
+def _recorded_result(text: str) -> TaskResult:
+    record = json.loads(text)
+    skipped = SkipLog(record["skipped"]["counts"], [tuple(s) for s in record["skipped"]["sample"]])
+    return TaskResult(
+        files=record["files"],
+        aside=record["aside"],
+        rows_in=record["rows_in"],
+        rows_out=record["rows_out"],
+        skipped=skipped,
+    )
 
 
 def _set_aside(
