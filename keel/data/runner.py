@@ -140,8 +140,18 @@ def run_map_stages(
             )
         report = reports[0] if len(reports) == 1 else _chain_report(reports)
         report.write(staging)
-    paths.remove_tree(checkpoint)  # committed: the finished shards are in the output
+    remove_checkpoints(output)  # committed: the finished shards are in the output
     return report
+
+
+def remove_checkpoints(output: str) -> None:
+    """Remove the checkpoint directories beside `output` (this run's, and those of earlier
+    runs into it that changed stages, settings or input and so never resumed)."""
+    output = paths.normalize(output)
+    parent, name = output.rsplit("/", 1) if "/" in output else (".", output)
+    for entry in paths.list_dir(parent):
+        if entry.startswith(f"{name}.partial-"):
+            paths.remove_tree(paths.join(parent, entry))
 
 
 def checkpoint_dir(chain: Chain, input: inputs.Input, output: str) -> str:

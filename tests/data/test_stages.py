@@ -143,6 +143,18 @@ def test_the_fused_chain_is_the_same_on_two_worker_processes(tmp_path):
     assert dataclasses.asdict(one) == dataclasses.asdict(two)
 
 
+@pytest.mark.ray
+def test_the_fused_chain_is_the_same_on_ray(tmp_path):
+    pytest.importorskip("ray")
+    pages = _pages(tmp_path / "pages", parts=3)
+    chain = [(registry.stage(name), None) for name in CHAIN]
+    local = run_chain(chain, pages, str(tmp_path / "local"), RunOptions(workers=2, progress=False))
+    on_ray = RunOptions(backend="ray", workers=2, progress=False)
+    ray = run_chain(chain, pages, str(tmp_path / "ray"), on_ray)
+    assert _table(tmp_path / "local").equals(_table(tmp_path / "ray"))
+    assert dataclasses.asdict(local) == dataclasses.asdict(ray)
+
+
 def test_stages_are_found_by_name_module_and_entry_point(tmp_path, monkeypatch):
     assert registry.stage("filter").kind == "map" and registry.stage("fuzzy_dedup").kind == "wide"
     with pytest.raises(UsageError, match=r"no DataKit stage 'nope'.*extract.*fuzzy_dedup"):
@@ -250,3 +262,12 @@ def test_a_chain_that_failed_part_way_resumes_from_the_shards_it_finished(
     assert _table(output).equals(_table(tmp_path / "fresh"))
     assert dataclasses.asdict(report) == dataclasses.asdict(fresh)
     assert sorted(os.listdir(tmp_path)) == ["docs", "fresh", "out"]  # no checkpoint left
+    # a failed run whose work then changes leaves a checkpoint no run resumes: the next commit
+    # into the same output removes it
+    monkeypatch.setenv(lowercase_stage.FAIL_ON, "boom")
+    with pytest.raises(TaskFailedError):
+        run_chain(chain, files, output, options)
+    assert any(name.startswith("out.partial-") for name in os.listdir(tmp_path))
+    monkeypatch.delenv(lowercase_stage.FAIL_ON)
+    run_chain(chain, files[:2], output, options)
+    assert sorted(os.listdir(tmp_path)) == ["docs", "fresh", "out"]
