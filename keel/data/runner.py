@@ -188,13 +188,15 @@ def check_chain(chain: Chain, input: inputs.Input) -> dict[str, pa.DataType]:
     columns = None if names is None else list(names)
     fields: dict[str, pa.DataType] = {}
     added: set[str] = set()
-    for stage, config in chain:
+    for index, (stage, config) in enumerate(chain):
         if stage.check is not None and columns is not None:
             stage.check(config, columns, str(input))
         for name, kind in (stage.fields(config) if stage.fields else {}).items():
             if name not in added:
                 fields.setdefault(name, kind)
-        new = list(stage.adds(config)) if stage.adds else []
+        later = chain[index + 1 :]
+        needed = any(other.check or other.fields for other, _ in later)  # else adds is moot
+        new = list(stage.adds(config)) if stage.adds and needed else []
         added.update(new)
         if columns is not None:
             columns.extend(name for name in new if name not in columns)
