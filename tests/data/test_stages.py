@@ -143,6 +143,24 @@ def test_the_fused_chain_is_the_same_on_two_worker_processes(tmp_path):
     assert dataclasses.asdict(one) == dataclasses.asdict(two)
 
 
+def test_a_chain_with_a_wide_stage_runs_group_by_group_and_leaves_no_scratch(tmp_path):
+    with gzip.open(SAMPLE, "rt") as handle:
+        texts = [json.loads(line)["text"] for line in handle][:12]
+    docs = write_texts(tmp_path / "docs", texts + texts[:4], parts=2, source="wiki")
+    options = RunOptions(backend=InProcess(), progress=False)
+    names = ("quality", "exact_dedup", "filter")
+    report = run_chain(
+        [(registry.stage(name), None) for name in names], docs, str(tmp_path / "chain"), options
+    )
+    current = docs
+    for name in names:
+        run_chain([(registry.stage(name), None)], current, str(tmp_path / name), options)
+        current = str(tmp_path / name)
+    assert _table(tmp_path / "chain").equals(_table(tmp_path / "filter"))
+    assert report.stage == "filter" and report.documents_in == 12  # the last group's report
+    assert sorted(os.listdir(tmp_path)) == ["chain", "docs", *sorted(names)]
+
+
 @pytest.mark.ray
 def test_the_fused_chain_is_the_same_on_ray(tmp_path):
     pytest.importorskip("ray")
