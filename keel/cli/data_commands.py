@@ -4,32 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Optional
 
 import typer
 
 from keel.cli.data_views import show_documents, show_stats
 from keel.cli.output import print_json, stderr, stdout, user_errors
+from keel.cli.stage_commands import command_name, stage_command
 from keel.cluster.backend import require_ray
 from keel.core.config import apply_overrides
 from keel.core.errors import UsageError
 from keel.core.progress import PROGRESS_FORMS, STAGES, ProgressDisplay, parse_progress
+from keel.data import registry
 from keel.data.decontam import DecontamConfig, EvalSet, run_decontam
 from keel.data.dedup import ExactDedupConfig, run_exact_dedup
 from keel.data.documents import StageReport
 from keel.data.download import DownloadConfig, read_source, run_download
-from keel.data.embed import EmbedConfig, run_embed
-from keel.data.extract import ExtractConfig, run_extract
-from keel.data.filter import FilterConfig, run_filter
 from keel.data.fuzzy import FuzzyDedupConfig, run_fuzzy_dedup
 from keel.data.head import head
-from keel.data.ingest import IngestConfig, run_ingest
 from keel.data.mix import MixConfig, MixSource, run_mix
-from keel.data.quality import (
-    QualityConfig,
-    QualityTrainConfig,
-    run_quality,
-    train_quality_classifier,
-)
+from keel.data.quality import QualityTrainConfig, train_quality_classifier
+from keel.data.runner import run_stage as run_registered
+from keel.data.stage import Stage
 from keel.data.stats import data_stats
 from keel.data.tokenize import TokenizeConfig, run_tokenize
 from keel.flow import RunOptions
@@ -73,6 +69,43 @@ SET = typer.Option(
 
 def register(parent: typer.Typer) -> None:
     parent.add_typer(app, name="data")
+
+
+HAND_WRITTEN = ("dedup", "decontam", "tokenize", "mix", "download")
+"""Stages whose commands are written below (flags of their own); every other stage of the
+registry gets a generated command (stage_commands.py)."""
+FLAG_ALIASES = {"quality": {"model_path": ("--model",)}}
+"""Extra flag names of generated commands, by stage and field."""
+COMMON_OPTIONS = {
+    "input": (str, INPUT),
+    "output": (str, OUTPUT),
+    "overrides": (list[str], SET),
+    "workers": (Optional[int], WORKERS),  # noqa: UP045 - typer needs the typing form
+    "backend": (str, BACKEND),
+    "progress": (Optional[str], PROGRESS),  # noqa: UP045
+    "quiet": (bool, QUIET),
+    "as_json": (bool, JSON),
+}
+
+
+def run_generated(stage: Stage, config: object, common: dict) -> None:
+    """The body of a generated command: --set on top of the flags, then the stage."""
+    options = flow_options(
+        common["workers"], common["backend"], common["progress"], common["quiet"]
+    )
+    config = configured(config, common["overrides"])
+    report = run_registered(stage, common["input"], common["output"], config, options)
+    show_report(report, common["output"], common["as_json"])
+
+
+def add_generated_commands() -> None:
+    for stage in registry.STAGES.values():
+        name = command_name(stage)
+        if name not in HAND_WRITTEN:
+            command = stage_command(
+                stage, COMMON_OPTIONS, run_generated, FLAG_ALIASES.get(stage.name, {})
+            )
+            app.command(name)(command)
 
 
 def run_stage(
@@ -122,62 +155,61 @@ def configured(config: object, overrides: list[str]) -> object:
     return apply_overrides(config, overrides) if overrides else config
 
 
-@app.command("ingest")
+@app.command("run")
 @user_errors
-def ingest_command(
+def run_command(
+    stages: str = typer.Argument(
+        ...,
+        help="Stages to run, comma-separated, e.g. extract,quality,filter: keel's own (an "
+        "unknown name lists them), module:attribute for a Stage of your own, or an entry point "
+        "of the keel.data.stages group. Consecutive map stages run as one pass.",
+        metavar="STAGE[,STAGE...]",
+    ),
     input: str = INPUT,
     output: str = OUTPUT,
-    format: str | None = typer.Option(None, "--format", help="jsonl, parquet, text or warc."),
-    text_field: str = typer.Option("text", "--text-field", help="Field holding the text."),
-    html_field: str | None = typer.Option(
-        None, "--html-field", help="Field holding raw HTML to extract the text from."
+    overrides: list[str] = typer.Option(
+        [],
+        "--set",
+        help="Override a stage's config field: STAGE.key=value (repeatable), e.g. "
+        "filter.min_word_count=20.",
     ),
-    source: str | None = typer.Option(None, "--source", help="The documents' source column."),
-    overrides: list[str] = SET,
     workers: int | None = WORKERS,
     backend: str = BACKEND,
     progress: str | None = PROGRESS,
     quiet: bool = QUIET,
     as_json: bool = JSON,
 ) -> None:
-    """Raw JSONL/Parquet/text/HTML/WARC files -> a normalized document set with ids.
+    """Run a chain of stages over a document set; consecutive map stages share one pass.
 
-    Example: keel data ingest --input 'crawl/*.warc.gz' --output docs/ --workers 8
+    Example: keel data run extract,quality,filter --input pages/ --output kept/
+    --set filter.min_word_count=20
     """
-    config = IngestConfig(
-        format=format, text_field=text_field, html_field=html_field, source=source
-    )
-    run_stage(
-        run_ingest,
+    from keel.data.registry import chain
+    from keel.data.runner import run_chain
+
+    found = chain(stages)
+    configs = stage_configs([stage.name for stage in found], [s.config for s in found], overrides)
+    report = run_chain(
+        list(zip(found, configs, strict=True)),
         input,
         output,
-        configured(config, overrides),
         flow_options(workers, backend, progress, quiet),
-        as_json,
     )
+    show_report(report, output, as_json)
 
 
-@app.command("extract")
-@user_errors
-def extract_command(
-    input: str = INPUT,
-    output: str = OUTPUT,
-    html_field: str = typer.Option("html", "--html-field", help="Column holding the HTML."),
-    overrides: list[str] = SET,
-    workers: int | None = WORKERS,
-    backend: str = BACKEND,
-    progress: str | None = PROGRESS,
-    quiet: bool = QUIET,
-    as_json: bool = JSON,
-) -> None:
-    """A document set with an HTML column -> main text, navigation and boilerplate removed.
-
-    Example: keel data extract --input pages/ --output text/
-    """
-    config = configured(ExtractConfig(html_field=html_field), overrides)
-    run_stage(
-        run_extract, input, output, config, flow_options(workers, backend, progress, quiet), as_json
-    )
+def stage_configs(names: list[str], kinds: list[type], overrides: list[str]) -> list[object]:
+    """Each stage's default config with its `--set STAGE.key=value` overrides applied."""
+    by_stage: dict[str, list[str]] = {name: [] for name in names}
+    for override in overrides:
+        prefix, dot, rest = override.partition(".")
+        if not dot or prefix not in by_stage or "=" not in rest:
+            raise UsageError(
+                f"--set {override!r}: name a stage of the chain ({', '.join(names)}) first, "
+                f"e.g. {names[-1]}.key=value"
+            )
+        by_stage[prefix].append(rest)
+    return [configured(kind(), by_stage[name]) for name, kind in zip(names, kinds, strict=True)]
 
 
 @app.command("train-quality")
@@ -202,73 +234,6 @@ def train_quality_command(
     )
     trained.save(model)
     stdout.print(f"quality model written to {model}")
-
-
-@app.command("quality")
-@user_errors
-def quality_command(
-    input: str = INPUT,
-    output: str = OUTPUT,
-    model: str | None = typer.Option(None, "--model", help="A quality model file (optional)."),
-    overrides: list[str] = SET,
-    workers: int | None = WORKERS,
-    backend: str = BACKEND,
-    progress: str | None = PROGRESS,
-    quiet: bool = QUIET,
-    as_json: bool = JSON,
-) -> None:
-    """Add attribute columns: language, heuristics (Gopher), quality_score (with --model).
-
-    Example: keel data quality --input docs/ --output scored/ --model quality.model
-    """
-    config = configured(QualityConfig(model_path=model), overrides)
-    run_stage(
-        run_quality, input, output, config, flow_options(workers, backend, progress, quiet), as_json
-    )
-
-
-@app.command("filter")
-@user_errors
-def filter_command(
-    input: str = INPUT,
-    output: str = OUTPUT,
-    overrides: list[str] = SET,
-    workers: int | None = WORKERS,
-    backend: str = BACKEND,
-    progress: str | None = PROGRESS,
-    quiet: bool = QUIET,
-    as_json: bool = JSON,
-) -> None:
-    """Drop documents by thresholds over attribute columns (defaults: Gopher's, English).
-
-    Example: keel data filter --input scored/ --output kept/ --set min_quality_score=0.5
-    """
-    config = configured(FilterConfig(), overrides)
-    run_stage(
-        run_filter, input, output, config, flow_options(workers, backend, progress, quiet), as_json
-    )
-
-
-@app.command("embed")
-@user_errors
-def embed_command(
-    input: str = INPUT,
-    output: str = OUTPUT,
-    overrides: list[str] = SET,
-    workers: int | None = WORKERS,
-    backend: str = BACKEND,
-    progress: str | None = PROGRESS,
-    quiet: bool = QUIET,
-    as_json: bool = JSON,
-) -> None:
-    """Add an `embedding` (hashed n-gram TF-IDF, projected) and a k-means `cluster` column.
-
-    Example: keel data embed --input kept/ --output embedded/ --set clusters=32
-    """
-    config = configured(EmbedConfig(), overrides)
-    run_stage(
-        run_embed, input, output, config, flow_options(workers, backend, progress, quiet), as_json
-    )
 
 
 @app.command("dedup")
@@ -544,3 +509,6 @@ def _mix_source(text: str) -> MixSource:
 
 def _bad_source(text: str) -> MixSource:
     raise UsageError(f"--source {text!r}: expected DIR=WEIGHT, e.g. web/=0.7")
+
+
+add_generated_commands()

@@ -37,7 +37,6 @@ from keel.core import paths
 from keel.core.commit import missing_records, staged_output
 from keel.core.errors import UsageError
 from keel.core.output_checks import InputPaths
-from keel.flow import Dataset, RunOptions
 from keel.flow.runner import SUCCESS_MARKER
 
 ID_COLUMN = "id"
@@ -112,26 +111,6 @@ def stage_output(output: str | os.PathLike[str], inputs: InputPaths) -> Iterator
         records=(STAGE_FILE,),
     ) as staging:
         yield staging
-
-
-DROPS_SCHEMA = pa.schema(
-    [("reason", pa.string()), ("count", pa.int64()), ("ids", pa.list_(pa.string()))]
-)
-"""Per-batch drop counts: one row per reason with drops in a batch, and its first ids."""
-
-
-def count_drops(drop_batches: Dataset, options: RunOptions | None) -> dict[str, dict]:
-    """Sum per-batch drop rows (DROPS_SCHEMA) by reason: {reason: {"count", "ids"}}, the ids the
-    first DROPPED_SAMPLE in input order. A stage counts its drops in a flow pass with this."""
-    rows = drop_batches.group_by("reason", _merge_drops, num_shards=1).to_table(options).to_pylist()
-    return {row["reason"]: row for row in rows}
-
-
-def _merge_drops(reason: str, rows: list[dict]) -> dict:
-    ids: list[str] = []
-    for row in rows:
-        ids.extend(row["ids"][: DROPPED_SAMPLE - len(ids)])
-    return {"reason": reason, "count": sum(row["count"] for row in rows), "ids": ids}
 
 
 def write_texts(

@@ -23,9 +23,9 @@ pages (the general index, the table of contents) and link-dense list items ("Con
 bpo-NNNN" lines of the What's New pages), which are not prose a model should learn from; and one
 short page (copyright.html) comes out empty. docs/data.md has the full table.
 
-The stage: `run_extract` replaces a document set's `html` column by the page's main text (with
-its id computed from it, documents.document_id); pages without main text are dropped and
-counted. `write_with_drops` is how this stage and ingest write kept rows and count dropped ones.
+The stage (EXTRACT, a map stage: keel.data.stage): `run_extract` replaces a document set's `html`
+column by the page's main text (with its id computed from it, documents.document_id); pages
+without main text are dropped and counted.
 """
 
 from __future__ import annotations
@@ -33,26 +33,29 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import functools
-import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from resiliparse.extract.html2text import extract_plain_text
 from resiliparse.parse.encoding import bytes_to_str, detect_encoding
 
-from keel.core import paths
 from keel.core.errors import UsageError
-from keel.data import documents, inputs
-from keel.flow import Dataset, FlowResult, RunOptions, from_items, pooled, read_parquet
-from keel.flow.ops import Row
+from keel.data import documents
+from keel.data.runner import run_stage
+from keel.data.stage import (
+    DROP_LOCATOR,
+    DROP_REASON,
+    MAP,
+    BatchFunction,
+    Mapped,
+    Stage,
+    split_staged,
+)
+from keel.flow import RunOptions
 
 STAGE = "extract"
-DROP_REASON = "drop_reason"
-"""Staged rows: why the row is dropped; null for a kept document."""
-DROP_LOCATOR = "drop_locator"
-"""Staged rows: what names a dropped row in stage.json's sample (an id, a URL or a file)."""
 MISSING_TEXT = "missing_text"
 MISSING_HTML = "missing_html"
 NO_MAIN_TEXT = "no_main_text"
@@ -111,23 +114,38 @@ def run_extract(
     """Turn a document set with an HTML column into one with `text` (the main text) and `id`
     (documents.document_id of it); the other columns are kept. Dropped, by reason: "missing_html"
     (null), "no_main_text" (nothing extracted), "empty_after_normalization"."""
-    with documents.stage_output(output, input) as staging:
-        names = inputs.column_names(input)
-        if names is not None and config.html_field not in names:
-            raise UsageError(
-                f"{input} has no column {config.html_field!r} (columns: "
-                f"{', '.join(names)}): set ExtractConfig.html_field to the column that "
-                "holds the HTML"
-            )
-        docs = inputs.read_documents(
-            input, fields={config.html_field: pa.string()}, require_text=False
+    return run_stage(EXTRACT, input, output, config, options)
+
+
+def extract_batches(config: ExtractConfig) -> BatchFunction:
+    """The extract stage's batch function (keel.data.stage)."""
+    return functools.partial(extract_mapped, config=config)
+
+
+def extract_mapped(batch: pa.RecordBatch, config: ExtractConfig) -> Mapped:
+    """A batch of pages -> the documents made of them, and the pages dropped with why."""
+    return split_staged(extract_batch(batch, config))
+
+
+def _check_html_field(config: ExtractConfig, columns: Sequence[str], input: str) -> None:
+    if config.html_field not in columns:
+        raise UsageError(
+            f"{input} has no column {config.html_field!r} (columns: "
+            f"{', '.join(columns)}): set ExtractConfig.html_field to the column that "
+            "holds the HTML"
         )
-        staged = docs.map_batches(functools.partial(extract_batch, config=config))
-        report = documents.StageReport(STAGE, details={"config": dataclasses.asdict(config)})
-        with pooled(options) as options:
-            write_with_drops(staged, staging, report, options)
-        report.write(staging)
-    return report
+
+
+def _html_field(config: ExtractConfig) -> dict[str, pa.DataType]:
+    return {config.html_field: pa.string()}
+
+
+def _extract_adds(config: ExtractConfig) -> tuple[str, ...]:
+    return (documents.ID_COLUMN, documents.TEXT_COLUMN)
+
+
+def _extract_details(config: ExtractConfig) -> dict:
+    return {"config": dataclasses.asdict(config)}
 
 
 def extract_batch(batch: pa.RecordBatch, config: ExtractConfig) -> pa.RecordBatch:
@@ -179,90 +197,21 @@ def text_or_reason(
     return (text, None) if text else (None, EMPTY)
 
 
-def staged_row(
-    text: str | None, reason: str | None, source: str, url: Any, locator: str | None = None
-) -> Row:
-    """A staged document set row: a document (reason None) or a dropped record, which stage.json
-    names by `locator`, else its URL."""
-    url = url if isinstance(url, str) else None
-    return {
-        documents.ID_COLUMN: None if text is None else documents.document_id(text),
-        documents.TEXT_COLUMN: text,
-        documents.SOURCE_COLUMN: source,
-        documents.URL_COLUMN: url,
-        DROP_REASON: reason,
-        DROP_LOCATOR: (locator or url) if reason else None,
-    }
-
-
-STAGED_SCHEMA = pa.schema(
-    [
-        (documents.ID_COLUMN, pa.string()),
-        (documents.TEXT_COLUMN, pa.string()),
-        (documents.SOURCE_COLUMN, pa.string()),
-        (documents.URL_COLUMN, pa.string()),
-        (DROP_REASON, pa.string()),
-        (DROP_LOCATOR, pa.string()),
-    ]
-)
-"""The columns of staged_row, typed (a chunk of rows alone may infer null for a column)."""
-
-
 def _strings(batch: pa.RecordBatch, name: str) -> list[str | None]:
     if name not in batch.schema.names:
         return [None] * batch.num_rows
     return [v if isinstance(v, str) else None for v in batch.column(name).to_pylist()]
 
 
-# -- kept rows out, dropped rows counted -------------------------------------------------------
-def write_with_drops(
-    staged: Dataset, staging: str, report: documents.StageReport, options: RunOptions
-) -> FlowResult:
-    """Run `staged` (rows with DROP_REASON and DROP_LOCATOR) once into a scratch directory beside
-    `staging` (a documents.stage_output directory); place its kept rows (DROP_REASON null,
-    without the two columns) in `staging`; add
-    rows in, rows out and the drops by reason (with DROP_LOCATOR samples) to `report`. Returns
-    the staging run's result (its `skipped` holds what lenient reading skipped).
-
-    Three passes, so that expensive per-row work (HTML extraction) runs once: a flow action has
-    one output, and dropped rows must be counted as well as left out."""
-    scratch = f"{paths.normalize(staging)}.scratch-{uuid.uuid4().hex[:12]}"
-    try:
-        first = staged.write_parquet(scratch, options=options)
-        if first.files:
-            glob = documents.parquet_glob(scratch)
-            kept = read_parquet(glob, filter=pc.field(DROP_REASON).is_null())
-            dropped = read_parquet(
-                glob, columns=[DROP_REASON, DROP_LOCATOR], filter=pc.field(DROP_REASON).is_valid()
-            )
-            drops = list(
-                documents.count_drops(dropped.map_batches(_drops_of_batch), options).values()
-            )
-        else:  # no input rows at all
-            kept, drops = from_items([]), []
-        written = kept.map_batches(_without_drop_columns).write_parquet(
-            staging, options=options, commit=False
-        )
-    finally:
-        paths.remove_tree(scratch)
-    report.documents_in += first.rows
-    report.documents_out += written.rows
-    for row in sorted(drops, key=lambda row: row["reason"]):
-        report.drop(row["reason"], row["ids"], count=row["count"])
-    return first
-
-
-def _without_drop_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
-    return batch.drop_columns([DROP_REASON, DROP_LOCATOR])
-
-
-def _drops_of_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """One row per drop reason in this batch: the reason, how many, the first locators."""
-    rows: dict[str, Row] = {}
-    reasons = batch.column(DROP_REASON).to_pylist()
-    for reason, locator in zip(reasons, batch.column(DROP_LOCATOR).to_pylist(), strict=True):
-        row = rows.setdefault(reason, {"reason": reason, "count": 0, "ids": []})
-        row["count"] += 1
-        if locator is not None and len(row["ids"]) < documents.DROPPED_SAMPLE:
-            row["ids"].append(locator)
-    return pa.RecordBatch.from_pylist(list(rows.values()), schema=documents.DROPS_SCHEMA)
+EXTRACT = Stage(
+    STAGE,
+    ExtractConfig,
+    MAP,
+    batches=extract_batches,
+    help="A document set with an HTML column -> main text, navigation and boilerplate removed.",
+    fields=_html_field,
+    adds=_extract_adds,
+    check=_check_html_field,
+    details=_extract_details,
+    require_text=False,
+)

@@ -23,6 +23,7 @@ stage.json with the drops by reason and a sample of their ids.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,10 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from keel.core.config import to_dict
 from keel.core.errors import UsageError
-from keel.data import documents, inputs
+from keel.data import documents
 from keel.data.langid import LANGUAGE_COLUMN
+from keel.data.runner import run_stage
+from keel.data.stage import DROPPED_SCHEMA, MAP, BatchFunction, Mapped, Stage
 from keel.flow import RunOptions
 
 STAGE = "filter"
@@ -124,59 +126,48 @@ def run_filter(
     options: RunOptions | None = None,
 ) -> documents.StageReport:
     """Keep the documents of `input` that pass every rule of `config`, into `output`."""
-    with documents.stage_output(output, input) as staging:
-        active = rules(config)
-        names = inputs.column_names(input)
-        missing = [rule for rule in active if names is not None and rule.column not in names]
-        if missing:
-            raise UsageError(
-                f"{input} has no column {missing[0].column!r}, which "
-                f"FilterConfig.{missing[0].name} needs: add the attribute columns with "
-                f"keel.data.quality.run_quality, or set {missing[0].name}=None"
-            )
-        columns = [documents.ID_COLUMN, *dict.fromkeys(rule.column for rule in active)]
-
-        def drops_by_reason(batch: pa.RecordBatch) -> pa.RecordBatch:
-            return _drops_by_reason(batch, active)
-
-        def passing(batch: pa.RecordBatch) -> pa.RecordBatch:
-            return batch.filter(pa.array(first_failed_rule(batch, active) < 0))
-
-        fields = {rule.column: rule_type(rule) for rule in active}  # JSONL: typed fields
-        found = documents.count_drops(
-            inputs.read_documents(input, columns=columns, fields=fields).map_batches(
-                drops_by_reason
-            ),
-            options,
-        )
-        written = (
-            inputs.read_documents(input, fields=fields)
-            .map_batches(passing)
-            .write_parquet(staging, options=options, commit=False)
-        )
-        report = documents.StageReport(
-            STAGE,
-            documents_in=written.stages[0].rows_in,
-            documents_out=written.rows,
-            details={"config": to_dict(config)},
-        )
-        for rule in active:
-            if rule.name in found:
-                report.drop(rule.name, found[rule.name]["ids"], count=found[rule.name]["count"])
-        if sum(report.dropped.values()) != report.documents_in - report.documents_out:
-            raise RuntimeError(f"filter drop counts {report.dropped} do not add up: {report}")
-        report.write(staging)
-    return report
+    return run_stage(FILTER, input, output, config, options)
 
 
-def _drops_by_reason(batch: pa.RecordBatch, active: Sequence[Rule]) -> pa.RecordBatch:
-    """One row per reason with drops in this batch: the reason, how many, the first ids."""
+def filter_batches(config: FilterConfig) -> BatchFunction:
+    """The filter stage's batch function (keel.data.stage)."""
+    return functools.partial(filter_mapped, active=tuple(rules(config)))
+
+
+def filter_mapped(batch: pa.RecordBatch, active: Sequence[Rule]) -> Mapped:
+    """The documents that pass every rule; the others with their first failed rule's name."""
     failed = first_failed_rule(batch, active)
-    ids = batch.column(documents.ID_COLUMN)
-    rows = []
-    for index, rule in enumerate(active):
-        dropped = np.flatnonzero(failed == index)
-        if len(dropped):
-            sample = ids.take(pa.array(dropped[: documents.DROPPED_SAMPLE])).to_pylist()
-            rows.append({"reason": rule.name, "count": len(dropped), "ids": sample})
-    return pa.RecordBatch.from_pylist(rows, schema=documents.DROPS_SCHEMA)
+    dropped = np.flatnonzero(failed >= 0)
+    names = np.array([rule.name for rule in active] or [""], dtype=object)
+    reasons = pa.array(names[failed[dropped]].tolist() if len(dropped) else [], pa.string())
+    ids = batch.column(documents.ID_COLUMN).take(pa.array(dropped, pa.int64()))
+    return Mapped(
+        batch.filter(pa.array(failed < 0)),
+        pa.RecordBatch.from_arrays([reasons, ids.cast(pa.string())], schema=DROPPED_SCHEMA),
+    )
+
+
+def _check_columns(config: FilterConfig, columns: Sequence[str], input: str) -> None:
+    missing = [rule for rule in rules(config) if rule.column not in columns]
+    if missing:
+        raise UsageError(
+            f"{input} has no column {missing[0].column!r}, which "
+            f"FilterConfig.{missing[0].name} needs: add the attribute columns with "
+            f"keel.data.quality.run_quality, or set {missing[0].name}=None"
+        )
+
+
+def _rule_fields(config: FilterConfig) -> dict[str, pa.DataType]:
+    """JSONL input: the rules' columns, typed."""
+    return {rule.column: rule_type(rule) for rule in rules(config)}
+
+
+FILTER = Stage(
+    STAGE,
+    FilterConfig,
+    MAP,
+    batches=filter_batches,
+    help="Drop documents by thresholds over attribute columns (defaults: Gopher's, English).",
+    fields=_rule_fields,
+    check=_check_columns,
+)

@@ -43,14 +43,9 @@ from warcio.recordloader import ArcWarcRecord
 from keel.core import paths
 from keel.core.errors import UsageError
 from keel.data import documents
-from keel.data.extract import (
-    STAGED_SCHEMA,
-    decode_html,
-    staged_row,
-    text_or_reason,
-    write_with_drops,
-)
-from keel.flow import Dataset, RunOptions, from_items, pooled, read_jsonl, read_parquet
+from keel.data.extract import decode_html, text_or_reason
+from keel.data.stage import STAGED_SCHEMA, WIDE, Stage, staged_row, write_staged
+from keel.flow import Dataset, RunOptions, from_items, read_jsonl, read_parquet
 from keel.flow.ops import Row
 from keel.flow.sources import COMPRESSED_SUFFIXES, JSONL_SUFFIXES, expand
 
@@ -114,9 +109,7 @@ def run_ingest(
             details={"config": dataclasses.asdict(config), "format": format, "files": len(files)},
         )
         staged = _staged(input, files, format, config)
-        with pooled(options) as options:
-            first = write_with_drops(staged, staging, report, options)
-        skipped = first.skipped
+        skipped = write_staged(staged, staging, report, options).skipped
         report.documents_in += skipped.total
         for category, count in sorted(skipped.counts.items()):
             report.drop(category, count=count)
@@ -164,7 +157,7 @@ def _files(input: str) -> tuple[str, ...]:
 
 
 def _staged(input: str, files: tuple[str, ...], format: str, config: IngestConfig) -> Dataset:
-    """The pipeline of staged rows (extract.STAGED_SCHEMA) for one input."""
+    """The pipeline of staged rows (stage.STAGED_SCHEMA) for one input."""
     if format in ("jsonl", "parquet"):
         field = config.html_field or config.text_field
         convert = functools.partial(
@@ -322,3 +315,12 @@ def _typed(batch: pa.RecordBatch) -> pa.RecordBatch:
         [batch.column(field.name).cast(field.type) for field in STAGED_SCHEMA],
         schema=STAGED_SCHEMA,
     )
+
+
+INGEST = Stage(
+    STAGE,
+    IngestConfig,
+    WIDE,
+    run=run_ingest,
+    help="Raw JSONL/Parquet/text/HTML/WARC files -> a normalized document set with ids.",
+)

@@ -33,6 +33,7 @@ config and scikit-learn version.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import logging
@@ -50,6 +51,8 @@ from keel.core.errors import UsageError
 from keel.data import documents, inputs
 from keel.data.heuristics import heuristic_columns
 from keel.data.langid import language_columns
+from keel.data.runner import run_stage
+from keel.data.stage import MAP, BatchFunction, Mapped, Stage, kept_all
 from keel.flow import RunOptions
 
 logger = logging.getLogger(__name__)
@@ -261,35 +264,36 @@ def run_quality(
 ) -> documents.StageReport:
     """Every document of `input`, with the attribute columns added (replaced if present), to
     `output`; then stage.json. No document is dropped."""
-    with documents.stage_output(output, input) as staging:
-        model = QualityModel.load(config.model_path) if config.model_path else None
-        if model is None:
-            logger.warning(
-                "quality: no model (--model), so %s is not computed: the documents have no "
-                "score (null) for `keel data filter --set min_quality_score=...` or `keel data "
-                "stats`; train one with `keel data train-quality`",
-                QUALITY_COLUMN,
-            )
+    return run_stage(QUALITY, input, output, config, options)
 
-        def annotate(batch: pa.RecordBatch) -> pa.RecordBatch:
-            return quality_attributes(batch, model)
 
-        written = (
-            inputs.read_documents(input)
-            .map_batches(annotate)
-            .write_parquet(staging, options=options, commit=False)
+def quality_batches(config: QualityConfig) -> BatchFunction:
+    """The quality stage's batch function, with the model loaded once (keel.data.stage)."""
+    model = QualityModel.load(config.model_path) if config.model_path else None
+    if model is None:
+        logger.warning(
+            "quality: no model (--model), so %s is not computed: the documents have no "
+            "score (null) for `keel data filter --set min_quality_score=...` or `keel data "
+            "stats`; train one with `keel data train-quality`",
+            QUALITY_COLUMN,
         )
-        report = documents.StageReport(
-            STAGE,
-            documents_in=written.stages[0].rows_in,
-            documents_out=written.rows,
-            details={
-                "model_path": config.model_path,
-                "model_metrics": model.metrics if model else None,
-            },
-        )
-        report.write(staging)
-    return report
+    return functools.partial(quality_mapped, model=model)
+
+
+def quality_mapped(batch: pa.RecordBatch, model: QualityModel | None) -> Mapped:
+    return kept_all(quality_attributes(batch, model))
+
+
+def _quality_details(config: QualityConfig) -> dict:
+    model = QualityModel.load(config.model_path) if config.model_path else None
+    return {"model_path": config.model_path, "model_metrics": model.metrics if model else None}
+
+
+def _quality_adds(config: QualityConfig) -> tuple[str, ...]:
+    """The attribute columns' names, as computing them for one empty text gives them."""
+    text = pa.array([""], pa.string())
+    columns = (*language_columns(text), *heuristic_columns(text))
+    return (*columns, QUALITY_COLUMN) if config.model_path else columns
 
 
 def quality_attributes(batch: pa.RecordBatch, model: QualityModel | None) -> pa.RecordBatch:
@@ -392,3 +396,14 @@ def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
             with archive.open(info, "w") as member:
                 np.lib.format.write_array(member, np.asarray(array), allow_pickle=False)
     return buffer.getvalue()
+
+
+QUALITY = Stage(
+    STAGE,
+    QualityConfig,
+    MAP,
+    batches=quality_batches,
+    help="Add attribute columns: language, heuristics (Gopher), quality_score (with a model).",
+    adds=_quality_adds,
+    details=_quality_details,
+)

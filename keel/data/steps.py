@@ -5,15 +5,19 @@ Every stage has the same entry point, `run(input, output, config, options) -> St
 wrapper makes any of them a step: its config is the input (a path, a glob, or `output_of(step)`)
 and the stage's own config dataclass, so both are part of the step's identity. The flow backend
 and worker count are not (the output is the same whichever runs it): they come from
-$KEEL_FLOW_BACKEND and the machine.
+$KEEL_FLOW_BACKEND and the machine. Overrides name the stage's fields directly:
+`--set fuzzy_dedup.threshold=0.7`, and `--set filter.input=other/` the input.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from keel.core.config import apply_overrides
+from keel.core.errors import ConfigError
 from keel.data.documents import StageReport
 from keel.data.download import DownloadConfig, run_download
 from keel.steps import Step
@@ -24,10 +28,34 @@ StageRun = Callable[..., StageReport]
 
 @dataclass(frozen=True)
 class StageInput:
-    """A step's config: where its documents come from, and the stage's own settings."""
+    """A step's config: where its documents come from, and the stage's own settings.
+
+    `--set STEP.key=value` names the stage's fields directly (`fuzzy_dedup.threshold=0.7`) and
+    `STEP.input=...` the input: keel.steps calls `with_overrides` (the wrapper is no key)."""
 
     input: Any
     stage: Any
+
+    def with_overrides(self, overrides: Sequence[str], key_prefix: str) -> StageInput:
+        """This config with `key=value` overrides applied: `input`, or a field of the stage's
+        config. The old form `stage.key=value` is refused with the key to use instead."""
+        stage_overrides = []
+        for override in overrides:
+            key = override.split("=", 1)[0]
+            if key == "stage" or key.startswith("stage."):
+                new = f"{key_prefix}{override.removeprefix('stage.')}"
+                raise ConfigError(
+                    f"--set {key_prefix}{override}: a data step's keys are its stage's fields "
+                    f"now; use --set {new}"
+                )
+            if key == "input":
+                self = apply_overrides(self, [override], key_prefix=key_prefix)
+            else:
+                stage_overrides.append(override)
+        if not stage_overrides:
+            return self
+        stage = apply_overrides(self.stage, stage_overrides, key_prefix=key_prefix)
+        return dataclasses.replace(self, stage=stage)
 
 
 @dataclass(frozen=True)

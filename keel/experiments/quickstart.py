@@ -16,7 +16,7 @@ stage.json with its drop accounting, and is cached as a step. `train` trains the
 (an 8-expert MoE transformer) on the token cache and evaluates bits per byte on held-out windows.
 Run it with `keel quickstart`, or
 `keel run keel/experiments/quickstart.py`; change a threshold with e.g.
-`--set fuzzy_dedup.stage.threshold=0.7` and only the steps from there on re-run.
+`--set fuzzy_dedup.threshold=0.7` and only the steps from there on re-run.
 """
 
 from __future__ import annotations

@@ -117,6 +117,8 @@ class Dataset:
         target_file_bytes: int = DEFAULT_TARGET_FILE_BYTES,
         options: RunOptions | None = None,
         commit: bool = True,
+        aside: Sequence[str] = (),
+        checkpoint: str | None = None,
         **overrides: Any,
     ) -> FlowResult:
         """Write zstd Parquet files `part-NNNNN-of-NNNNN.parquet` to `directory`, atomically.
@@ -124,8 +126,14 @@ class Dataset:
         `directory` must be new, empty, or a previous output (it has _SUCCESS), and must not hold
         an input: anything else is refused before the run starts (keel.core.commit). With
         `commit=False` the files go into `directory` as they are, for a caller that writes more
-        files beside them and commits the whole (keel.core.commit.staged_output's staging)."""
-        output = FileOutput("parquet", target_file_bytes, os.fspath(directory), commit)
+        files beside them and commits the whole (keel.core.commit.staged_output's staging).
+        `aside`: rows whose first such column is not null are returned in FlowResult.aside
+        (those columns only) instead of being written; the files lack these columns.
+        `checkpoint`: a directory where finished tasks of a one-stage plan are kept, so that a
+        rerun after a failure redoes only the others (tasks.FileOutput.checkpoint)."""
+        output = FileOutput(
+            "parquet", target_file_bytes, os.fspath(directory), commit, tuple(aside), checkpoint
+        )
         return self.run(output, options, **overrides)
 
     def write_jsonl(

@@ -87,6 +87,8 @@ class FlowResult:
     skipped: SkipLog = field(default_factory=lambda: SkipLog({}, []))
     rows: int = 0
     table: pa.Table | None = None
+    aside: pa.Table | None = None
+    """The rows set aside by a FileOutput with `aside` columns, in input order; None when none."""
 
     @property
     def retries(self) -> int:
@@ -285,6 +287,10 @@ def _finish(output: Output, results: list[TaskResult], result: FlowResult) -> No
         files = [path for task_result in results for path in task_result.files]
         paths.make_dirs(output.destination)
         result.files = place_parts(files, output.destination)
+        if output.aside:
+            segments = [Segment(path, 0, 0) for r in results for path in r.aside]
+            batches = list(read_segments(segments))
+            result.aside = concat_batches(batches) if batches else None
     elif isinstance(output, CollectOutput):
         segments = [Segment(path, 0, 0) for task_result in results for path in task_result.files]
         table = concat_batches(list(read_segments(segments)))

@@ -8,11 +8,13 @@ the files named in the successful attempt's result.
 
 from __future__ import annotations
 
+import json
 import resource
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from keel.core import paths
 from keel.flow.keys import HIDDEN_COLUMNS, KEY_COLUMN
@@ -90,6 +92,17 @@ class FileOutput:
     commit: bool = True
     """False: the files are placed in `destination`, a staging directory the caller commits
     (keel.core.commit.staged_output), with no _SUCCESS and no commit of their own."""
+    aside: tuple[str, ...] = ()
+    """Columns of side rows: a row whose first aside column is not null is not written to the
+    files but set aside (only these columns) and returned as FlowResult.aside, in input order;
+    the files get the other rows without these columns. For a small record of what a pass did
+    (a stage's drops by reason) kept beside the rows it writes, in the same pass."""
+    checkpoint: str | None = None
+    """A directory where each finished task of a one-stage plan (narrow operations on the
+    source) keeps its files and a done marker, `task-NNNNN/done.json`; a task whose marker is
+    there returns what it recorded instead of running, so a rerun of a failed run redoes only
+    the unfinished shards. The caller names the directory for the run's identity (its input
+    files, operations and settings) and removes it once the output is committed."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,8 @@ class TaskResult:
     peak_rss: int = 0
     """Peak resident memory of the worker process so far, in bytes (Linux; 0 elsewhere)."""
     skipped: SkipLog = field(default_factory=lambda: SkipLog({}, []))
+    aside: list[str] = field(default_factory=list)
+    """Arrow stream files of the rows set aside (FileOutput.aside)."""
 
 
 def stage_dir(work_dir: str, stage: int) -> str:
@@ -151,6 +166,22 @@ class Task:
         return paths.join(stage_dir(self.work_dir, self.stage), f"task-{self.index:05d}-a{attempt}")
 
     def run(self, attempt: int) -> TaskResult:
+        checkpoint = self.output.checkpoint if isinstance(self.output, FileOutput) else None
+        if checkpoint is None or not isinstance(self.input, SourceInput):
+            return self._run(attempt)
+        kept = paths.join(checkpoint, f"task-{self.index:05d}")
+        marker = paths.join(kept, DONE_MARKER)
+        if paths.exists(marker):
+            recorded = _recorded_result(paths.read_text(marker))
+            if all(paths.exists(path) for path in [*recorded.files, *recorded.aside]):
+                return recorded
+        result = self._run(attempt)
+        result.files = [_keep(path, kept) for path in result.files]
+        result.aside = [_keep(path, kept) for path in result.aside]
+        paths.write_text(marker, _result_record(result))
+        return result
+
+    def _run(self, attempt: int) -> TaskResult:
         directory = self.attempt_dir(attempt)
         paths.make_dirs(directory)
         result = TaskResult()
@@ -163,7 +194,13 @@ class Task:
             chunks = self._sorted(chunks)
         writer = self._writer(directory)
         limit = self.output.limit if isinstance(self.output, CollectOutput) else None
+        aside = self.output.aside if isinstance(self.output, FileOutput) else ()
+        set_aside = SpillStreams(directory, "aside-") if aside else None
         for batch in chunks:
+            if set_aside is not None:
+                batch = _set_aside(batch, aside, set_aside)
+                if batch.num_rows == 0:
+                    continue
             result.rows_out += batch.num_rows
             if writer is not None:
                 writer.write(batch)
@@ -178,6 +215,8 @@ class Task:
             result.files = writer.close()
         elif isinstance(writer, SpillStreams):
             result.files = [s.path for s in writer.close().get(0, [])]
+        if set_aside is not None:
+            result.aside = [s.path for s in set_aside.close().get(0, [])]
         result.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return result
 
@@ -238,6 +277,52 @@ class Task:
         if isinstance(output, CollectOutput):
             return _CollectWriter(directory)
         return None
+
+
+DONE_MARKER = "done.json"
+
+
+def _keep(path: str, directory: str) -> str:
+    target = paths.join(directory, path.rsplit("/", 1)[-1])
+    paths.move_file(path, target)
+    return target
+
+
+def _result_record(result: TaskResult) -> str:
+    """A finished task's result as JSON (FileOutput.checkpoint's done marker)."""
+    return json.dumps(
+        {
+            "files": result.files,
+            "aside": result.aside,
+            "rows_in": result.rows_in,
+            "rows_out": result.rows_out,
+            "skipped": {"counts": result.skipped.counts, "sample": result.skipped.sample},
+        }
+    )
+
+
+def _recorded_result(text: str) -> TaskResult:
+    record = json.loads(text)
+    skipped = SkipLog(record["skipped"]["counts"], [tuple(s) for s in record["skipped"]["sample"]])
+    return TaskResult(
+        files=record["files"],
+        aside=record["aside"],
+        rows_in=record["rows_in"],
+        rows_out=record["rows_out"],
+        skipped=skipped,
+    )
+
+
+def _set_aside(
+    batch: pa.RecordBatch, columns: tuple[str, ...], streams: SpillStreams
+) -> pa.RecordBatch:
+    """Append the batch's side rows (columns[0] not null; only `columns`) to `streams`; return
+    its other rows without `columns`."""
+    marked = pc.is_valid(batch.column(columns[0]))
+    side = batch.filter(marked).select(list(columns))
+    if side.num_rows:
+        streams.append(0, side)
+    return batch.filter(pc.invert(marked)).drop_columns(list(columns))
 
 
 def _visible(batch: pa.RecordBatch) -> pa.RecordBatch:

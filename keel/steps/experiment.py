@@ -77,7 +77,9 @@ def load_experiment_file(path: str | Path) -> tuple[list[Step], str | None]:
 
 
 def override_steps(roots: Sequence[Step], overrides: Sequence[str]) -> list[Step]:
-    """Apply `--set STEP.key=value` overrides to the configs of the named steps.
+    """Apply `--set STEP.key=value` overrides to the configs of the named steps. A config with
+    a `with_overrides(overrides, key_prefix)` method applies them itself (a data step's keys are
+    its stage's fields, without the wrapper that holds them).
 
     Overriding a step changes its identity, so every step that refers to it is rebuilt to refer to
     the new one (and gets a new identity too). Returns the new roots.
@@ -111,7 +113,12 @@ def override_steps(roots: Sequence[Step], overrides: Sequence[str]) -> list[Step
                     f"--set {step.name}...: step {step.name}'s config is a "
                     f"{type(config).__name__}; --set works on dataclass configs"
                 )
-            config = apply_overrides(config, by_name[step.name], key_prefix=f"{step.name}.")
+            prefix = f"{step.name}."
+            overriding = getattr(config, "with_overrides", None)
+            if callable(overriding):  # a config that maps its own keys (keel.data.steps)
+                config = overriding(by_name[step.name], prefix)
+            else:
+                config = apply_overrides(config, by_name[step.name], key_prefix=prefix)
         new = dataclasses.replace(step, config=config)
         rebuilt[step.identity] = new
         return new

@@ -96,7 +96,7 @@ def test_a_threshold_change_reruns_from_that_stage_on(done):
         str(cli.prefix),
         "--json",
         "--set",
-        "filter.stage.min_word_count=400",
+        "filter.min_word_count=400",
         "--set",
         "train.steps=20",
         "--set",

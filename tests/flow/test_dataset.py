@@ -192,3 +192,22 @@ def test_file_column_names_each_rows_file(pool, tmp_path):
         rows.column("path").to_pylist()
         == [str(tmp_path / "a.jsonl")] * 2 + [str(tmp_path / "b.jsonl")] * 2
     )
+
+
+def test_write_parquet_sets_marked_rows_aside_in_the_same_pass(pool, tmp_path):
+    def mark(batch: pa.RecordBatch) -> pa.RecordBatch:
+        odd = pc.equal(pc.bit_wise_and(batch.column("n"), 1), 1)
+        reason = pc.if_else(odd, "odd", pa.scalar(None, pa.string()))
+        odd_n = pc.if_else(odd, batch.column("n"), pa.scalar(None, pa.int64()))
+        return batch.append_column("why", reason).append_column("odd_n", odd_n)
+
+    ds = from_items(ROWS, num_shards=3).map_batches(mark)
+    aside = ["why", "odd_n"]
+    result = ds.write_parquet(tmp_path / "even", options=None, backend=pool, aside=aside)
+    written = pq.read_table(tmp_path / "even")
+    assert written.column_names == ["id", "n", "text"]  # the aside columns are not written
+    assert written.column("n").to_pylist() == list(range(0, 100, 2))
+    assert result.rows == 50
+    assert result.aside.column_names == aside
+    assert result.aside.column("odd_n").to_pylist() == list(range(1, 100, 2))  # input order
+    assert set(result.aside.column("why").to_pylist()) == {"odd"}
