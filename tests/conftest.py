@@ -62,11 +62,11 @@ def _keel_logging_restored():
 # pytest-xdist with --dist loadgroup sends each xdist_group to one worker. Every test is grouped by
 # its file, so a module fixture (a training run, a Ray head) is built once; tests that share an
 # expensive session fixture, or a resource there is only one of (the test Slurm cluster, a Ray
-# instance), share a group across files. Without xdist the marks do nothing.
+# instance), share a group across files. Without xdist the marks do nothing. The mesh reference
+# runs (one_device_run, gang_run) are made once for all workers (tests/mesh_support.py,
+# made_once), so the files that compare against them spread over both.
 SHARED_GROUPS = {
     "slurm_cluster": "slurm",  # one slurmctld + slurmd on this host
-    "gang_run": "mesh-runs",  # tests/mesh_support.py: two training runs other files compare
-    "one_device_run": "mesh-runs",
     "trained_run": "interop",
 }
 
