@@ -3,7 +3,9 @@
 Every run is 20 steps of tiny-moe (vocabulary cut to the test cache's 512 ids, sequences of 64,
 the default router bias step) in float32 with capacities so high that nothing drops,
 checkpointed at steps 10 and 20. The one-device run and the 2-process x 4-device gang (fsdp 2 x
-expert 4) are made once a session.
+expert 4) are made once a session: under pytest-xdist by the first worker that needs them, the
+others read their metrics (`made_once`), so the tests that compare against them need not share
+one worker.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
 import pytest
+from filelock import FileLock
 
 from keel.core.config import apply_overrides, dump_config
 from keel.model.sharding import MeshConfig
@@ -30,6 +35,10 @@ KEEL = [sys.executable, "-m", "keel"]
 ALL_DEVICES = MeshConfig()
 GANG_MESH = MeshConfig(data=1, fsdp=2, expert=4)
 FOUR_DEVICES = "--xla_force_host_platform_device_count=4"
+# Unreachable-coordinator tests wait this long for the coordinator, not the default
+# REACH_TIMEOUT_SECONDS; what the default would add to the time they measure is checked against
+# the issue's 60 s bound instead (within_60_s_at_the_default_reach_timeout).
+SHORT_REACH_TIMEOUT = {"KEEL_COORDINATOR_TIMEOUT": "3"}
 
 
 def tiny_moe(cache: str, mesh: MeshConfig = ALL_DEVICES, **changes) -> TrainConfig:
@@ -102,17 +111,51 @@ def write_config(config: TrainConfig, path: Path) -> Path:
     return path
 
 
+def within_60_s_at_the_default_reach_timeout(seconds: float) -> bool:
+    """Whether a failure that took `seconds` with SHORT_REACH_TIMEOUT's wait would take under
+    60 s with the default wait (keel.train.distributed.REACH_TIMEOUT_SECONDS) instead."""
+    from keel.train.distributed import REACH_TIMEOUT_SECONDS
+
+    short = float(SHORT_REACH_TIMEOUT["KEEL_COORDINATOR_TIMEOUT"])
+    assert seconds >= short, seconds  # it did wait
+    return seconds - short + REACH_TIMEOUT_SECONDS < 60
+
+
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[], Any]) -> Any:
+    """`make()` (JSON data) once per test session: alone, or under pytest-xdist once for all
+    workers, by the first that asks (the others wait for it and read its result from the
+    session's shared temporary directory)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make()
+    shared = tmp_path_factory.getbasetemp().parent  # the workers' basetemps are siblings
+    result = shared / f"{name}.json"
+    with FileLock(str(result) + ".lock"):
+        if not result.exists():
+            made = make()
+            result.with_suffix(".tmp").write_text(json.dumps(made))
+            result.with_suffix(".tmp").rename(result)
+        return json.loads(result.read_text())
+
+
 @pytest.fixture(scope="session")
 def one_device_run(wikitext_cache, tmp_path_factory) -> list[dict]:
-    return run(tiny_moe(wikitext_cache), tmp_path_factory.mktemp("one-device") / "run", 1)
+    def make() -> list[dict]:
+        return run(tiny_moe(wikitext_cache), tmp_path_factory.mktemp("one-device") / "run", 1)
+
+    return made_once(tmp_path_factory, "one-device-run", make)
 
 
 @pytest.fixture(scope="session")
 def gang_run(wikitext_cache, tmp_path_factory) -> tuple[list[dict], str]:
     """(metrics, stdout) of `keel train --processes 2` on 2 processes x 4 devices."""
-    root = tmp_path_factory.mktemp("gang")
-    config_file = write_config(tiny_moe(wikitext_cache, GANG_MESH), root / "run.yaml")
-    command = [*KEEL, "train", str(config_file), "--processes", "2", "--output", "run"]
-    done = subprocess.run(command, cwd=root, env=gang_env(), capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return metrics(root / "run"), done.stdout
+
+    def make() -> tuple[list[dict], str]:
+        root = tmp_path_factory.mktemp("gang")
+        config_file = write_config(tiny_moe(wikitext_cache, GANG_MESH), root / "run.yaml")
+        command = [*KEEL, "train", str(config_file), "--processes", "2", "--output", "run"]
+        done = subprocess.run(command, cwd=root, env=gang_env(), capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return metrics(root / "run"), done.stdout
+
+    got_metrics, stdout = made_once(tmp_path_factory, "gang-run", make)
+    return got_metrics, stdout

@@ -6,10 +6,10 @@ or keel.core.gang.run_local_gang) with `KEEL_COORDINATOR=host:port`, `KEEL_REPLI
 gloo as the CPU collectives and timeouts short enough that a gang never waits long for a member:
 
 - start-up: a coordinator nobody serves fails every other process within
-  `REACH_TIMEOUT_SECONDS` with one `error:` line (`GangError`, exit 2). JAX's own client aborts
-  the process (SIGABRT, a C++ stack trace) when it cannot connect, so the port is first tried
-  here with plain TCP; a member that never comes makes the others abort after
-  `INIT_TIMEOUT_SECONDS`;
+  `REACH_TIMEOUT_SECONDS` (or the seconds `KEEL_COORDINATOR_TIMEOUT` says) with one `error:`
+  line (`GangError`, exit 2). JAX's own client aborts the process (SIGABRT, a C++ stack trace)
+  when it cannot connect, so the port is first tried here with plain TCP; a member that never
+  comes makes the others abort after `INIT_TIMEOUT_SECONDS`;
 - a member that dies mid-run (SIGKILL, a lost node) stops sending heartbeats; after
   `HEARTBEAT_TIMEOUT_SECONDS` the coordination service tells the others, which then exit
   instead of hanging in a collective (JAX's defaults are 100 s heartbeats, 300 s start-up);
@@ -35,6 +35,7 @@ from keel.core.gang import COORDINATOR, REPLICA, REPLICAS
 logger = logging.getLogger(__name__)
 
 REACH_TIMEOUT_SECONDS = 30  # a member's wait for the coordinator's port to accept connections
+REACH_TIMEOUT = "KEEL_COORDINATOR_TIMEOUT"  # seconds, instead of REACH_TIMEOUT_SECONDS
 INIT_TIMEOUT_SECONDS = 40  # all members registered with the coordinator (JAX default 300)
 HEARTBEAT_TIMEOUT_SECONDS = 20  # a silent member is declared dead (JAX default 100)
 SHUTDOWN_TIMEOUT_SECONDS = 20  # the exit barrier (JAX default 300)
@@ -53,11 +54,13 @@ class GangInfo:
     coordinator: str  # host:port of process 0's coordination service
     process: int  # 0..processes-1 (jax.process_index())
     processes: int  # the gang's size (jax.process_count())
+    reach_timeout_s: float = REACH_TIMEOUT_SECONDS  # how long a member tries the coordinator
 
 
 def gang_from_env(env: dict[str, str] | None = None) -> GangInfo | None:
     """The gang described by KEEL_COORDINATOR / KEEL_REPLICA / KEEL_REPLICAS, or None when this
-    process runs alone (KEEL_REPLICAS unset or 1). Raises GangError for values that make no gang."""
+    process runs alone (KEEL_REPLICAS unset or 1). KEEL_COORDINATOR_TIMEOUT (seconds, optional)
+    bounds a member's wait for its coordinator. Raises GangError for values that make no gang."""
     env = dict(os.environ if env is None else env)
     size_text = env.get(REPLICAS, "1").strip() or "1"
     try:
@@ -78,7 +81,22 @@ def gang_from_env(env: dict[str, str] | None = None) -> GangInfo | None:
             f"{COORDINATOR}={coordinator!r} must be host:port (a gang of {size} processes needs "
             "its coordinator's address; keel's launchers set it)"
         )
-    return GangInfo(coordinator=coordinator, process=int(index_text), processes=size)
+    return GangInfo(coordinator, int(index_text), size, _reach_timeout(env))
+
+
+def _reach_timeout(env: dict[str, str]) -> float:
+    """KEEL_COORDINATOR_TIMEOUT in seconds (a positive number; REACH_TIMEOUT_SECONDS when unset)."""
+    text = env.get(REACH_TIMEOUT, "").strip()
+    if not text:
+        return REACH_TIMEOUT_SECONDS
+    refused = GangError(f"{REACH_TIMEOUT}={text!r} must be a positive number of seconds")
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise refused from None
+    if not 0 < seconds < float("inf"):  # nan and inf too
+        raise refused
+    return seconds
 
 
 def initialize_from_env() -> GangInfo | None:
@@ -93,7 +111,7 @@ def initialize_from_env() -> GangInfo | None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     logger.info("%s: joining the gang at %s", process_label(gang), gang.coordinator)
     if gang.process != 0:  # process 0 serves the coordinator itself
-        wait_for_coordinator(gang, REACH_TIMEOUT_SECONDS)
+        wait_for_coordinator(gang, gang.reach_timeout_s)
     jax.distributed.initialize(
         coordinator_address=gang.coordinator,
         num_processes=gang.processes,

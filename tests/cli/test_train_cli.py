@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from cli_support import error_lines
+from mesh_support import SHORT_REACH_TIMEOUT, within_60_s_at_the_default_reach_timeout
 
 CONFIG = """
 model:
@@ -146,10 +147,10 @@ def test_a_gang_whose_coordinator_cannot_be_reached_fails_in_one_line(cli, cache
     from keel.core.gang import free_port
 
     gang = {"KEEL_COORDINATOR": f"127.0.0.1:{free_port()}", "KEEL_REPLICA": "1"}
+    gang.update(SHORT_REACH_TIMEOUT, KEEL_REPLICAS="2")
     started = time.monotonic()
-    result = cli.run(
-        "train", str(config_file(cli, cache)), env={**cli.env, **gang, "KEEL_REPLICAS": "2"}
-    )
+    result = cli.run("train", str(config_file(cli, cache)), env={**cli.env, **gang})
     assert result.returncode == 2, result.stderr
     assert len(error_lines(result.stderr)) == 1 and "127.0.0.1" in result.stderr
-    assert time.monotonic() - started < 60
+    assert "within 3 s" in result.stderr
+    assert within_60_s_at_the_default_reach_timeout(time.monotonic() - started)

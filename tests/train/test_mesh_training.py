@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import pytest
-from mesh_support import GANG_MESH, assert_same_losses, run, tiny_moe
+from mesh_support import GANG_MESH, assert_same_losses, made_once, run, tiny_moe
 
 from keel.model.sharding import MeshConfig
 from keel.train.layout import HOST_MEMORY, initial_state, shard_bytes
@@ -21,9 +22,15 @@ from keel.train.step import build_step_functions
 
 @pytest.fixture(scope="module")
 def eight_device_run(wikitext_cache, tmp_path_factory):
-    """fsdp 2 x expert 4 on 8 devices: (its run directory, its metrics)."""
-    output = tmp_path_factory.mktemp("eight-devices") / "run"
-    return output, run(tiny_moe(wikitext_cache, GANG_MESH), output, 8)
+    """fsdp 2 x expert 4 on 8 devices: (its run directory, its metrics), made once for all
+    pytest-xdist workers (this file's tests may run on both; the directory is only read)."""
+
+    def make() -> tuple[str, list[dict]]:
+        output = tmp_path_factory.mktemp("eight-devices") / "run"
+        return str(output), run(tiny_moe(wikitext_cache, GANG_MESH), output, 8)
+
+    output, metrics = made_once(tmp_path_factory, "eight-device-run", make)
+    return Path(output), metrics
 
 
 @pytest.mark.slow
