@@ -58,29 +58,72 @@ def _keel_logging_restored():
     keel_logger.handlers[:], keel_logger.level, keel_logger.propagate = saved
 
 
-# -- parallel runs (pytest -n 2, README's test command) -------------------------------------------
-# pytest-xdist with --dist loadgroup sends each xdist_group to one worker. Every test is grouped by
-# its file, so a module fixture (a training run, a Ray head) is built once; tests that share an
-# expensive session fixture, or a resource there is only one of (the test Slurm cluster, a Ray
-# instance), share a group across files. Without xdist the marks do nothing. The mesh reference
-# runs (one_device_run, gang_run, eight_device_run) are made once for all workers
-# (tests/mesh_support.py, made_once), so the files that compare against them spread over both.
-# Caution: with pytest 9.2 and pytest-xdist 3.8 the groups are not honoured (xdist's nodeid
-# suffix no longer takes, pytest-dev/pytest-xdist#1386): each test goes to either worker.
+# -- parallel runs (pytest -n 2 --dist loadgroup, README's test command) -------------------------
+# Each test belongs to a group that one worker runs whole: its file, so a module fixture (a
+# training run, a Ray head) is built once, or a group shared across files by tests that share an
+# expensive session fixture or a resource there is only one of (the test Slurm cluster, a Ray
+# instance, the dashboard's browser). The mesh reference runs (one_device_run, gang_run,
+# eight_device_run) are made once for all workers (tests/mesh_support.py, made_once), so the files
+# that compare against them spread over both.
+#
+# The groups reach xdist through the scheduler below, not through `xdist_group` marks: with
+# pytest 9.2 and pytest-xdist 3.8 the marks are silently ignored (xdist tags a test's nodeid with
+# its group on the worker, and pytest 9.2 no longer lets it; pytest-dev/pytest-xdist#1386), and a
+# group's tests then ran on both workers. Each worker writes the group of every test it collected
+# (the mapping needs its fixtures and marks) into KEEL_TEST_GROUPS, a directory the controller
+# makes before it starts them; the controller's scheduler reads it once every worker has
+# collected, and deals out whole groups.
 SHARED_GROUPS = {
     "slurm_cluster": "slurm",  # one slurmctld + slurmd on this host
     "trained_run": "interop",
 }
+GROUPS_DIRECTORY = "KEEL_TEST_GROUPS"
+if "PYTEST_XDIST_WORKER" not in os.environ and GROUPS_DIRECTORY not in os.environ:
+    _groups = tempfile.mkdtemp(prefix="keel-test-groups-")
+    atexit.register(shutil.rmtree, _groups, ignore_errors=True)
+    os.environ[GROUPS_DIRECTORY] = _groups
+
+
+def test_group(item: pytest.Item) -> str:
+    """The group of tests `item` runs with on one worker."""
+    shared = [SHARED_GROUPS[name] for name in item.fixturenames if name in SHARED_GROUPS]
+    if item.nodeid.startswith("tests/cluster/test_training_gang.py"):
+        shared.append("slurm")  # the local gang too: one training gang at a time on 2 cores
+    if item.nodeid.startswith("tests/dashboard/"):
+        shared.append("dashboard")  # one prefix, one `keel dashboard`, one browser
+    if item.get_closest_marker("ray"):
+        shared.append("ray")  # Ray instances: one at a time, and memory
+    return shared[0] if shared else item.nodeid.split("::")[0]
+
+
+test_group.__test__ = False  # a helper, not a test
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        shared = [SHARED_GROUPS[name] for name in item.fixturenames if name in SHARED_GROUPS]
-        if item.nodeid.startswith("tests/cluster/test_training_gang.py"):
-            shared.append("slurm")  # the local gang too: one training gang at a time on 2 cores
-        if item.nodeid.startswith("tests/dashboard/"):
-            shared.append("dashboard")  # one prefix, one `keel dashboard`, one browser
-        if item.get_closest_marker("ray"):
-            shared.append("ray")  # Ray instances: one at a time, and memory
-        group = shared[0] if shared else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    groups = {item.nodeid: test_group(item) for item in items}
+    written = Path(os.environ[GROUPS_DIRECTORY], f"{worker}.json")
+    staged = written.with_suffix(".partial")
+    staged.write_text(json.dumps(groups))
+    staged.replace(written)  # whole, before this worker reports its collection
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """xdist's scope scheduling with each test's scope its group (test_group)."""
+
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # every worker has collected (and written) by now
+                self.groups = {}
+                for written in Path(os.environ[GROUPS_DIRECTORY]).glob("*.json"):
+                    self.groups.update(json.loads(written.read_text()))
+            return self.groups.get(nodeid) or nodeid.split("::")[0]
+
+    return GroupScheduling(config, log)
