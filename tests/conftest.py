@@ -84,7 +84,7 @@ if "PYTEST_XDIST_WORKER" not in os.environ and GROUPS_DIRECTORY not in os.enviro
     os.environ[GROUPS_DIRECTORY] = _groups
 
 
-def test_group(item: pytest.Item) -> str:
+def group_of(item: pytest.Item) -> str:
     """The group of tests `item` runs with on one worker."""
     shared = [SHARED_GROUPS[name] for name in item.fixturenames if name in SHARED_GROUPS]
     if item.nodeid.startswith("tests/cluster/test_training_gang.py"):
@@ -96,14 +96,11 @@ def test_group(item: pytest.Item) -> str:
     return shared[0] if shared else item.nodeid.split("::")[0]
 
 
-test_group.__test__ = False  # a helper, not a test
-
-
 def pytest_collection_modifyitems(config, items):
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None:
         return
-    groups = {item.nodeid: test_group(item) for item in items}
+    groups = {item.nodeid: group_of(item) for item in items}
     written = Path(os.environ[GROUPS_DIRECTORY], f"{worker}.json")
     staged = written.with_suffix(".partial")
     staged.write_text(json.dumps(groups))
@@ -115,7 +112,7 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
-        """xdist's scope scheduling with each test's scope its group (test_group)."""
+        """xdist's scope scheduling with each test's scope its group (group_of)."""
 
         groups: dict[str, str] | None = None
 
