@@ -1,7 +1,8 @@
-"""Fuzzy dedup on a labelled near-duplicate set from WikiText-2: keel against datatrove's MinHash.
+"""Fuzzy dedup on a labelled near-duplicate set: keel against datatrove's MinHash.
 
 What it measures: both contenders read the same 2 zstd Parquet files (a few thousand documents cut
-from the WikiText-2 valid and test articles, with planted near-duplicates and hard negatives),
+from the WikiText-2 valid and test articles, or --documents N of them from WikiText-2, the Python
+docs pages and spliced originals, with planted near-duplicates and hard negatives),
 find near-duplicates with the same parameters (word 5-grams, 112 permutations, 14 bands of 8
 rows, seed 1) on 2 worker processes, and write the kept documents. Reported per contender, medians
 over --repeats runs: seconds, documents per second, and the precision, recall and F1 of its
@@ -9,7 +10,12 @@ removals against the ground truth.
 
 The labelled set (build_labelled_set; tests/data/test_dedup.py uses it on the bundled 40-article
 slice):
-- originals: each article cut into documents of 150-350 words along its paragraphs;
+- originals: each article cut into documents of 150-350 words along its paragraphs; with
+  --documents N, the articles are WikiText-2 valid + test (~1,800 documents) and the 530 Python
+  docs pages of ../shared/datasets/pydocs (text by keel.data.extract.extract_text), and when
+  those give too few, further originals are spliced from sentences drawn (seeded) from random
+  articles, each word substituted at SPLICE_SUBSTITUTION so that sentences drawn many times do
+  not make spliced originals share their 5-grams; the first N documents after shuffling are kept;
 - near copies of an original (about 45% of them get one, some two): word substitutions,
   deletions, insertions or a mix at 0.2-2.5% of words, paragraph shuffles with light edits,
   truncations of the last 2-12% of words, and copies that differ only in case and punctuation;
@@ -19,6 +25,9 @@ slice):
   order, a document is a duplicate when the exact Jaccard similarity of its word 5-gram set (same
   normalization as keel: lowercase, punctuation and symbols to spaces) and that of an earlier
   kept document is >= 0.8. So planted edits near 2.3% of words land on either side of 0.8.
+  Exact but not O(N^2) (similar_pairs): every pair with Jaccard >= 0.8 is found by prefix
+  filtering on an inverted index of hashed shingles and verified by its exact Jaccard; 300,000
+  documents take minutes.
 
 Two scores, as the contenders keep different members of a cluster:
 - ordered P/R/F1: removed ids against the ground truth's ids (keel keeps the first in input order,
@@ -36,8 +45,14 @@ again with its 2 workers started before the clock starts ("keel-warm": the diffe
 fixed cost of starting worker interpreters). Each run is a fresh subprocess, timed around the
 work alone (imports excluded, worker start-up included), contenders interleaved.
 
-    pip install "datatrove[processing,io]"   # only to measure; not a keel dependency
-    python benchmarks/dedup_bench.py [--repeats 3] [--out DIR]
+    python3 -m venv /work/dtvenv && /work/dtvenv/bin/pip install "datatrove[processing,io]==0.10.1"
+    python benchmarks/dedup_bench.py [--repeats 3] [--out DIR] [--documents N] [--phases] \
+        [--datatrove-python /work/dtvenv/bin/python] [--contenders keel,datatrove]
+
+--datatrove-python runs the datatrove contender with another environment's interpreter (keel's
+contenders use this one): datatrove pins xxhash < 4 and pulls in pandas, which keel's environment
+should not carry. --phases: after the timed runs, one more cold keel run with keel.flow's stage
+lines at debug level, stamped with milliseconds since its process started.
     python benchmarks/dedup_bench.py --smoke  # what CI runs: seconds, no shared data
 
 --smoke: the labelled set built from the first SMOKE_ARTICLES of the WikiText-2 articles bundled
@@ -52,6 +67,8 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import logging
+import math
 import os
 import random
 import re
@@ -66,11 +83,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[1]
 WIKITEXT = REPO.parent / "shared" / "datasets" / "wikitext2"
+PYDOCS = REPO.parent / "shared" / "datasets" / "pydocs" / "pages.jsonl.gz"
 SAMPLE = REPO / "keel" / "experiments" / "sample" / "wikitext2.jsonl.gz"
 NGRAM = 5
 THRESHOLD = 0.8
@@ -92,8 +111,8 @@ class LabelledSet:
     """Documents in input order: id, text, source (the planted kind: original, near-*, neg-*)."""
     duplicates: set[str]
     """Ground truth: the ids a deduplicator should remove."""
-    best_jaccard: dict[str, float]
-    """Per id, the true Jaccard to its most similar earlier kept document (0 when none)."""
+    similar: dict[int, list[int]]
+    """Per row number, the row numbers whose true Jaccard to it is >= THRESHOLD (both ways)."""
 
 
 def articles_from_wikitext(paths: Iterable[Path]) -> list[tuple[str, str]]:
@@ -116,11 +135,29 @@ def articles_from_sample(path: Path = SAMPLE) -> list[tuple[str, str]]:
         return [(row["title"], row["text"]) for row in map(json.loads, handle)]
 
 
+def articles_from_pydocs(path: Path = PYDOCS) -> list[tuple[str, str]]:
+    """(url, main text) of each Python docs page with text (keel's own HTML extraction)."""
+    from keel.data.extract import extract_text
+
+    articles = []
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        for row in map(json.loads, handle):
+            text = extract_text(row["html"], row["url"])
+            if text:
+                articles.append((row["url"], text))
+    return articles
+
+
 def build_labelled_set(
-    articles: list[tuple[str, str]], seed: int = 0, min_words: int = 150, max_words: int = 350
+    articles: list[tuple[str, str]],
+    seed: int = 0,
+    min_words: int = 150,
+    max_words: int = 350,
+    documents: int | None = None,
 ) -> LabelledSet:
     """Originals cut from `articles`, planted near copies and hard negatives, shuffled; see the
-    module docstring. Deterministic for a seed."""
+    module docstring. With `documents`, exactly that many (the first after shuffling), spliced
+    originals added when the articles give too few. Deterministic for a seed."""
     from keel.data.documents import document_id
 
     rng = random.Random(seed)
@@ -129,6 +166,9 @@ def build_labelled_set(
         for title, text in articles
         for doc in _cut(text.split("\n"), rng, min_words, max_words)
     ]
+    if documents is not None:
+        wanted = math.ceil(documents / DOCUMENTS_PER_ORIGINAL) - len(originals)
+        originals += _spliced_originals(articles, wanted, rng, min_words, max_words)
     vocabulary = [word for _, doc in originals for paragraph in doc for word in paragraph]
     planted: list[tuple[str, list[list[str]]]] = [("original", doc) for _, doc in originals]
     by_title: dict[str, list[list[list[str]]]] = {}
@@ -148,12 +188,54 @@ def build_labelled_set(
         if doc_id not in seen:
             seen.add(doc_id)
             rows.append({"id": doc_id, "text": text, "source": kind})
-    removed, best = greedy_duplicates([row["text"] for row in rows])
-    return LabelledSet(
-        rows,
-        {rows[i]["id"] for i in removed},
-        {row["id"]: score for row, score in zip(rows, best, strict=True)},
-    )
+    if documents is not None:
+        rows = rows[:documents]
+    similar = similar_pairs([row["text"] for row in rows])
+    removed = greedy_removals(similar, range(len(rows)))
+    return LabelledSet(rows, {rows[i]["id"] for i in removed}, similar)
+
+
+DOCUMENTS_PER_ORIGINAL = 1.7
+"""Documents each original brings, a little under the planted rate (1 + 0.56 near copies + 0.25
+hard negatives, before exact copies collapse), so a --documents set always has enough."""
+SPLICE_SUBSTITUTION = 0.05
+"""Word substitution rate of a spliced original's sentences: a sentence is drawn many times at
+300,000 documents, and its copies should not share all their 5-grams."""
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def _spliced_originals(
+    articles: list[tuple[str, str]],
+    count: int,
+    rng: random.Random,
+    min_words: int,
+    max_words: int,
+) -> list[tuple[str, list[list[str]]]]:
+    """`count` further originals of min_words..max_words words: sentences drawn from random
+    articles (one paragraph of sentences from different articles), each lightly substituted,
+    titled by the article of their first sentence."""
+    if count <= 0:
+        return []
+    sentences = [
+        (title, sentence.split())
+        for title, text in articles
+        for sentence in _SENTENCE_END.split(text.replace("\n", " "))
+        if len(sentence.split()) >= 4
+    ]
+    vocabulary = [word for _, sentence in sentences for word in sentence]
+    spliced = []
+    for _ in range(count):
+        target, words = rng.randint(min_words, max_words), []
+        title = None
+        while len(words) < target:
+            source, sentence = rng.choice(sentences)
+            title = title or source
+            words += [
+                rng.choice(vocabulary) if rng.random() < SPLICE_SUBSTITUTION else word
+                for word in sentence
+            ]
+        spliced.append((title, [words[:target]]))  # its hard negatives splice that article
+    return spliced
 
 
 def _cut(
@@ -247,29 +329,66 @@ def shingle_set(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
     return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
 
 
-def greedy_duplicates(
-    texts: list[str], threshold: float = THRESHOLD
-) -> tuple[list[int], list[float]]:
-    """The ground-truth rule: in order, a text is a duplicate when its exact shingle-set Jaccard
-    to an earlier kept text is >= threshold. Returns the duplicates' indices and each text's best
-    Jaccard to an earlier kept text (an inverted index of the kept texts' shingles)."""
-    index: dict[tuple[str, ...], list[int]] = {}
-    sizes: dict[int, int] = {}
-    removed, best = [], []
-    for number, text in enumerate(texts):
-        shingles = shingle_set(text)
-        shared = Counter(kept for s in shingles for kept in index.get(s, ()))
-        score = max(
-            (n / (len(shingles) + sizes[kept] - n) for kept, n in shared.items()), default=0.0
-        )
-        best.append(score)
-        if score >= threshold:
+def shingle_hashes(text: str) -> np.ndarray:
+    """The word 5-gram set of `text` as sorted unique int64 hashes (Python's tuple hash: stable
+    within one process, which is where a labelled set is built and scored)."""
+    return np.unique(np.fromiter(map(hash, shingle_set(text)), dtype=np.int64))
+
+
+def similar_pairs(texts: list[str], threshold: float = THRESHOLD) -> dict[int, list[int]]:
+    """Every pair of texts whose exact shingle-set Jaccard is >= threshold, not O(N^2): prefix
+    filtering on an inverted index. Each set is ordered rarest shingle first (document frequency,
+    then hash); two sets with Jaccard >= t share at least ceil(t * |x|) shingles, so their
+    prefixes of |x| - ceil(t * |x|) + 1 shingles intersect. Candidates are the pairs sharing a
+    prefix shingle; each is verified by its exact Jaccard. Returns, per text number, its partners
+    (both directions)."""
+    sets = [shingle_hashes(text) for text in texts]
+    sizes = np.array([len(one) for one in sets], dtype=np.int64)
+    if not sizes.sum():
+        return {}
+    hashes = np.concatenate(sets)
+    owner = np.repeat(np.arange(len(sets)), sizes)
+    _, inverse, counts = np.unique(hashes, return_inverse=True, return_counts=True)
+    frequency = counts[inverse]
+    order = np.lexsort((hashes, frequency, owner))  # per text, rarest first
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    rank = np.arange(len(hashes)) - starts[owner[order]]
+    prefix = sizes - np.ceil(threshold * sizes - 1e-9).astype(np.int64) + 1
+    chosen = order[rank < prefix[owner[order]]]
+    token, member = inverse[chosen], owner[chosen]
+    by_token = np.argsort(token, kind="stable")
+    token, member = token[by_token], member[by_token]
+    bounds = np.flatnonzero(np.diff(token)) + 1
+    candidates: set[tuple[int, int]] = set()
+    for group in np.split(member, bounds):
+        if len(group) > 1:
+            members = sorted(set(group.tolist()))
+            candidates.update((a, b) for i, a in enumerate(members) for b in members[i + 1 :])
+    similar: dict[int, list[int]] = {}
+    for a, b in candidates:
+        shared = len(np.intersect1d(sets[a], sets[b], assume_unique=True))
+        if shared / (sizes[a] + sizes[b] - shared) >= threshold:
+            similar.setdefault(a, []).append(b)
+            similar.setdefault(b, []).append(a)
+    return similar
+
+
+def greedy_removals(similar: dict[int, list[int]], members: Iterable[int]) -> list[int]:
+    """The ground-truth rule over `members` (text numbers, in input order): a text is a
+    duplicate when an earlier kept member's Jaccard to it is >= the threshold of `similar`."""
+    kept: set[int] = set()
+    removed = []
+    for number in members:
+        if any(partner in kept for partner in similar.get(number, ())):
             removed.append(number)
-            continue
-        sizes[number] = len(shingles)
-        for s in shingles:
-            index.setdefault(s, []).append(number)
-    return removed, best
+        else:
+            kept.add(number)
+    return removed
+
+
+def greedy_duplicates(texts: list[str], threshold: float = THRESHOLD) -> list[int]:
+    """The ground-truth rule on `texts`: the numbers of the duplicates, in order."""
+    return greedy_removals(similar_pairs(texts, threshold), range(len(texts)))
 
 
 def scores(removed: set[str], truth: set[str]) -> dict[str, float]:
@@ -283,23 +402,12 @@ def scores(removed: set[str], truth: set[str]) -> dict[str, float]:
 
 def order_free_scores(labelled: LabelledSet, removed: set[str]) -> dict[str, float]:
     """Scores that do not care which member of a cluster was kept (see the module docstring)."""
-    kept = [row for row in labelled.rows if row["id"] not in removed]
-    kept_index: dict[tuple[str, ...], list[int]] = {}
-    kept_sizes = []
-    for number, row in enumerate(kept):
-        shingles = shingle_set(row["text"])
-        kept_sizes.append(len(shingles))
-        for s in shingles:
-            kept_index.setdefault(s, []).append(number)
-    justified = 0
-    for row in labelled.rows:
-        if row["id"] in removed:
-            shingles = shingle_set(row["text"])
-            shared = Counter(k for s in shingles for k in kept_index.get(s, ()))
-            justified += any(
-                n / (len(shingles) + kept_sizes[k] - n) >= THRESHOLD for k, n in shared.items()
-            )
-    residual = len(greedy_duplicates([row["text"] for row in kept])[0])
+    dropped = {n for n, row in enumerate(labelled.rows) if row["id"] in removed}
+    kept = [n for n in range(len(labelled.rows)) if n not in dropped]
+    justified = sum(
+        any(partner not in dropped for partner in labelled.similar.get(n, ())) for n in dropped
+    )
+    residual = len(greedy_removals(labelled.similar, kept))
     precision = justified / len(removed) if removed else 1.0
     recall = max(0.0, 1 - residual / len(labelled.duplicates)) if labelled.duplicates else 1.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
@@ -468,18 +576,23 @@ def _with_str_hashing(step):
     return step
 
 
-def contender_main(name: str, source: Path, work: Path) -> None:
+def contender_main(name: str, source: Path, work: Path, debug_log: bool = False) -> None:
     """One timed run, in this (fresh) process: prints {"seconds", "removed"} as JSON."""
     run = {"keel": run_keel, "keel-warm": run_keel_warm, "datatrove": run_datatrove}[name]
+    if debug_log:
+        logging.basicConfig(format="%(relativeCreated)8.0f ms  %(name)s: %(message)s")
+        logging.getLogger("keel").setLevel(logging.DEBUG)
     seconds, removed = run(source, work)
     print(json.dumps({"seconds": seconds, "removed": sorted(removed)}))
 
 
-def run_once(name: str, source: Path, scratch: Path) -> dict:
+def run_once(name: str, source: Path, scratch: Path, python: str = sys.executable) -> dict:
+    """One timed run of contender `name` in a fresh `python` process (keel's contenders: this
+    interpreter; datatrove: --datatrove-python, its own environment)."""
     work = scratch / f"{name}-work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    command = [sys.executable, __file__, "--contender", name, "--input", str(source)]
+    command = [python, __file__, "--contender", name, "--input", str(source)]
     done = subprocess.run(
         [*command, "--work", str(work)], capture_output=True, text=True, check=False
     )
@@ -489,7 +602,24 @@ def run_once(name: str, source: Path, scratch: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def versions() -> str:
+def keel_phases(source: Path, scratch: Path) -> str:
+    """One cold keel run with keel.flow's stage lines at debug level, each stamped with the
+    milliseconds since its process started: where keel's time goes, stage by stage."""
+    work = scratch / "keel-phases-work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    command = [sys.executable, __file__, "--contender", "keel", "--input", str(source)]
+    done = subprocess.run(
+        [*command, "--work", str(work), "--debug-log"], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"keel failed:\n{done.stderr[-3000:]}")
+    shutil.rmtree(work, ignore_errors=True)
+    seconds = json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+    return f"{done.stderr.strip()}\n(timed run: {seconds:.2f} s)"
+
+
+def versions(datatrove_python: str | None = None) -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     found = []
@@ -498,6 +628,10 @@ def versions() -> str:
             found.append(f"{package} {version(package)}")
         except PackageNotFoundError:
             found.append(f"{package} (not installed)")
+    if datatrove_python:
+        asked = "from importlib.metadata import version; print(version('datatrove'))"
+        done = subprocess.run([datatrove_python, "-c", asked], capture_output=True, text=True)
+        found[-1] = f"datatrove {done.stdout.strip()} ({datatrove_python})"
     return f"Python {sys.version.split()[0]}, {os.cpu_count()} cores; " + ", ".join(found)
 
 
@@ -522,30 +656,57 @@ def table(labelled: LabelledSet, results: dict[str, list[dict]]) -> str:
 
 
 def main() -> None:
-    # Beside this script; imported here, so that tests can load this module by its path.
-    from measure import Peer, runnable_contenders, scratch_directory
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (--smoke: 1)")
     parser.add_argument("--out", type=Path, default=None, help="scratch directory (kept)")
     parser.add_argument(
         "--smoke", action="store_true", help="the bundled sample, 1 repeat, missing peers skipped"
     )
+    parser.add_argument(
+        "--documents",
+        type=int,
+        default=None,
+        help="a labelled set of exactly N documents (WikiText-2, Python docs, spliced originals)",
+    )
+    parser.add_argument(
+        "--datatrove-python",
+        default=None,
+        help="the python of a separate environment with datatrove, for its contender",
+    )
+    parser.add_argument(
+        "--contenders", default=",".join(CONTENDERS), help="comma-separated subset to run"
+    )
+    parser.add_argument(
+        "--phases", action="store_true", help="after the runs, one keel run's stage timeline"
+    )
     parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--input", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--debug-log", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.contender:
-        contender_main(arguments.contender, arguments.input, arguments.work)
+        contender_main(arguments.contender, arguments.input, arguments.work, arguments.debug_log)
         return
+    # Beside this script; imported here, so that tests can load this module by its path, and
+    # after a contender's dispatch (--datatrove-python's environment need not have psutil).
+    from measure import Peer, runnable_contenders, scratch_directory
+
     repeats = arguments.repeats or (1 if arguments.smoke else 3)
-    peers = {"datatrove": Peer("datatrove", DATATROVE_INSTALL)}
-    contenders = runnable_contenders(CONTENDERS, peers, arguments.smoke)
+    peers = (
+        {} if arguments.datatrove_python else {"datatrove": Peer("datatrove", DATATROVE_INSTALL)}
+    )
+    wanted = tuple(name for name in CONTENDERS if name in arguments.contenders.split(","))
+    contenders = runnable_contenders(wanted, peers, arguments.smoke)
+    pythons = {"datatrove": arguments.datatrove_python or sys.executable}
+    started = time.perf_counter()
     if arguments.smoke:
         articles = articles_from_sample()[:SMOKE_ARTICLES]
     else:
         articles = articles_from_wikitext([WIKITEXT / "valid.txt", WIKITEXT / "test.txt"])
-    labelled = build_labelled_set(articles)
+        if arguments.documents is not None:
+            articles += articles_from_pydocs()
+    labelled = build_labelled_set(articles, documents=arguments.documents)
+    built = time.perf_counter() - started
     with scratch_directory(arguments.out, "dedup-bench-") as scratch:
         source = scratch / "input"
         shutil.rmtree(source, ignore_errors=True)
@@ -553,24 +714,31 @@ def main() -> None:
         kinds = Counter(row["source"].split("-")[0] for row in labelled.rows)
         print(
             f"{len(labelled.rows):,} documents from {len(articles)} articles ({dict(kinds)}), "
-            f"{len(labelled.duplicates):,} ground-truth duplicates"
+            f"{len(labelled.duplicates):,} ground-truth duplicates (built in {built:.0f} s)",
+            flush=True,
         )
         results: dict[str, list[dict]] = {name: [] for name in contenders}
         for _ in range(repeats):
             for name in contenders:
-                results[name].append(run_once(name, source, scratch))
+                python = pythons.get(name, sys.executable)
+                results[name].append(run_once(name, source, scratch, python))
+                load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+                print(f"{name}: {results[name][-1]['seconds']:.2f} s (load {load})", flush=True)
+        phases = keel_phases(source, scratch) if arguments.phases else None
     for name, runs in results.items():
         if any(set(run["removed"]) != set(runs[0]["removed"]) for run in runs):
             print(f"note: {name} removed different ids in different runs")
-    print(f"\n{versions()}\nmedians of {repeats} runs:\n")
+    print(f"\n{versions(arguments.datatrove_python)}\nmedians of {repeats} runs:\n")
     print(table(labelled, results))
-    keel = statistics.median(run["seconds"] for run in results["keel"])
-    if "datatrove" in results:
+    if "keel" in results and "datatrove" in results:
+        keel = statistics.median(run["seconds"] for run in results["keel"])
         datatrove = statistics.median(run["seconds"] for run in results["datatrove"])
         print(f"\nkeel docs/s / datatrove docs/s: {datatrove / keel:.2f}x")
     for name, runs in results.items():
         seconds = ", ".join(f"{run['seconds']:.2f}" for run in runs)
         print(f"{name} runs (s): {seconds}")
+    if phases:
+        print(f"\nkeel stage timeline (one cold run):\n{phases}")
 
 
 if __name__ == "__main__":
