@@ -4,7 +4,7 @@
        └─> ladder-<budget>-<shape> x 9 (3 budgets x 3 sizes) ─> ladder-runs (runs.csv) ─> ladder
 
 3 budgets (5e10, 1.25e11, 3.125e11 FLOPs) x 3 one-layer widths chosen by keel.scaling.sweep
-around the prior optimum N ≈ sqrt(C / (6·r)), 6,968 steps and 3.6M tokens in all; `ladder` fits
+around the prior optimum N ≈ sqrt(C / (6·r)), 7,609 steps and 3.9M tokens in all; `ladder` fits
 the isoFLOP parabolas and N* = G·C^a, D* = H·C^b (Approach 2) and L(N, D) (Approach 3) and writes
 isoflops.png, optimal.png and predicted_vs_actual.png. Minutes on 2 CPU cores (docs/scaling.md
 has the measured time). Run it with `keel scaling ladder` (which also prints the fit) or
@@ -37,7 +37,7 @@ BASE = TrainConfig(
 SWEEP = SweepConfig(
     base=BASE,
     budgets=(5e10, 1.25e11, 3.125e11),
-    widths=(8, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128),
+    widths=(4, 8, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128),  # d4: 5e10's optimum is near d8
     depths=(1,),
     points_per_budget=3,
     tokens_per_param=6.0,  # the 4,096-id embedding is most of N here: optima sit at larger N
