@@ -176,6 +176,11 @@ def _version(show: bool) -> None:
         raise typer.Exit()
 
 
+LOG_LEVEL_ENV = "KEEL_LOG_LEVEL"
+"""Overrides --verbose/--quiet for every keel command (and a gang's processes): debug, info..."""
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
 @app.callback()
 def _main(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log debug detail on stderr."),
@@ -184,8 +189,13 @@ def _main(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
-    setup_logging(os.environ.get("KEEL_LOG_LEVEL", level))
+    level: int | str = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    if named := os.environ.get(LOG_LEVEL_ENV, "").strip():
+        level = named.upper()
+        if level not in LOG_LEVELS:
+            choices = ", ".join(name.lower() for name in LOG_LEVELS)
+            raise typer.BadParameter(f"{LOG_LEVEL_ENV}={named!r}: use one of {choices}")
+    setup_logging(level)
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -40,6 +41,10 @@ REPLICA = "KEEL_REPLICA"  # this process's index in its gang, 0..N-1
 REPLICAS = "KEEL_REPLICAS"  # the gang's size N
 STOP_GRACE_SECONDS = 5.0  # SIGTERM -> SIGKILL when stopping the rest of a gang
 _POLL_SECONDS = 0.05
+_GLOO_CONNECTED = re.compile(
+    rb"\[Gloo\] Rank \d+ is connected to (\d+) peer ranks\. "
+    rb"Expected number of connected peer ranks is : \1(?!\d)"
+)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -162,10 +167,14 @@ def _sigterm_as_exit() -> Iterator[None]:
 
 
 def _forward(source: BinaryIO, target, prefix: bytes) -> None:
-    """Copy `source` line by line to `target` (a text stream), each line after `prefix`."""
+    """Copy `source` line by line to `target` (a text stream), each line after `prefix`; gloo's
+    notes that a rank connected to its peers (a dozen lines per program) are left out."""
     output = getattr(target, "buffer", None)
     with source:
         for line in iter(source.readline, b""):
+            line = _without_gloo_notes(line)
+            if not line:
+                continue
             data = prefix + line
             if output is not None:
                 output.write(data)
@@ -173,3 +182,13 @@ def _forward(source: BinaryIO, target, prefix: bytes) -> None:
             else:  # a text stream without bytes (pytest's capture)
                 target.write(data.decode(errors="replace"))
                 target.flush()
+
+
+def _without_gloo_notes(line: bytes) -> bytes:
+    """`line` without gloo's notes that a rank connected to all the peers it expected (gloo's
+    threads write them into each other, so they are cut out wherever they stand); b"" when
+    nothing else is left. A note with fewer peers than expected stays."""
+    if b"[Gloo]" not in line:
+        return line
+    rest = _GLOO_CONNECTED.sub(b"", line)
+    return rest if rest.strip() else b""

@@ -15,6 +15,10 @@ on a laptop's CPU. It reports, per device (the largest device where shards diffe
   GPU's, so this is an estimate of the order, not the GPU's number).
 - FLOPs per token (keel.model.size: 6 x active matmul parameters + attention), and per step.
 - all-to-all bytes per step from the expert exchange's pool shapes (see `AllToAll`).
+
+The compiled step goes into keel's compilation cache (keel.train.compile_cache), so planning the
+same config again, or a `--gate` of it, loads the program from disk (compile_s is then the
+load's seconds).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from keel.model.sharding import ALL_AXES, EXPERT_AXIS, SEQUENCE_AXIS
 from keel.model.size import flops_per_token, model_size
 from keel.model.transformer import init_params, init_router_bias, param_labels
 from keel.train.checkpoint import TrainState
+from keel.train.compile_cache import enable_compilation_cache
 from keel.train.config import TrainConfig
 from keel.train.layout import (
     HOST_MEMORY,
@@ -238,6 +243,7 @@ def compile_step(config: TrainConfig, devices: list | None = None) -> CompiledSt
     window = jax.ShapeDtypeStruct(window_shape, jnp.int32, sharding=layout.batch)
     token_bytes = jax.ShapeDtypeStruct((config.model.vocab_size,), jnp.int32)
     functions = build_step_functions(config, optimizer, learning_rate, token_bytes, 0, layout)
+    enable_compilation_cache()  # planning the same step again loads it from disk
     started = time.perf_counter()
     executable = functions.update.lower(state, window).compile()
     compile_s = time.perf_counter() - started

@@ -54,6 +54,7 @@ from keel.train.checkpoint import Checkpoints, TrainState
 from keel.train.compile_cache import enable_compilation_cache
 from keel.train.config import Phase, TrainConfig, cache_name
 from keel.train.events import append_event, read_events
+from keel.train.gang_programs import compiled_in_step
 from keel.train.hf_import import hf_directory, hf_start_state, with_hf_model
 from keel.train.layout import RunLayout, initial_state, place_batch
 from keel.train.loader import MixtureLoader, WindowRange, check_cache, scored_batches, split_windows
@@ -202,8 +203,15 @@ def train(
 
     token_bytes = jnp.asarray(data.token_bytes)
     phase_functions = {  # one pair per phase model: a phase may set its own RoPE base and scaling
-        model: build_step_functions(
-            replace(config, model=model), optimizer, learning_rate, token_bytes, data.eos_id, layout
+        model: _in_step(
+            build_step_functions(
+                replace(config, model=model),
+                optimizer,
+                learning_rate,
+                token_bytes,
+                data.eos_id,
+                layout,
+            )
         )
         for model in {phase.model_config(config.model) for phase in config.phases}
     }
@@ -270,6 +278,16 @@ def _stop_requested_at(step: int) -> bool:
 
         return multihost_utils.reached_preemption_sync_point(step)
     return stop_requested()
+
+
+def _in_step(functions: StepFunctions) -> StepFunctions:
+    """The step's programs compiled by every process of a gang before any runs them
+    (keel.train.gang_programs); the same functions for a process alone."""
+    return replace(
+        functions,
+        update=compiled_in_step(functions.update, "update"),
+        evaluate=compiled_in_step(functions.evaluate, "evaluate"),
+    )
 
 
 def dispatch_update(

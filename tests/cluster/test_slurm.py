@@ -160,9 +160,12 @@ def test_the_controller_preempts_slurm_batch_work_for_production_and_requeues_it
     control = Controller(tmp_path / "control", {"slurm": backend})
     journal, marker = tmp_path / "journal", tmp_path / "preempted-once"
     everything = Resources(cpus=slurm_cluster.cpus)
+    # The first attempt never reaches "batch end": scancel's SIGTERM can reach `sleep` before the
+    # shell, and a shell that outlived its child would otherwise write the line (a flaky journal).
     batch_script = (
         f"echo batch start >> {journal}; "
-        f"if [ ! -e {marker} ]; then touch {marker}; sleep 300; fi; echo batch end >> {journal}"
+        f"if [ ! -e {marker} ]; then touch {marker}; sleep 300; exit 0; fi; "
+        f"echo batch end >> {journal}"
     )
     batch = submit(control.database, JobSpec(("sh", "-c", batch_script), resources=everything))
 

@@ -95,6 +95,26 @@ def test_output_of_process_0_passes_through_and_the_others_are_prefixed(capfd):
     assert sorted(err.splitlines()) == ["[process 1] warning from 1", "warning from 0"]
 
 
+def test_gloo_notes_that_ranks_connected_are_left_out_even_when_interleaved(capfd):
+    """gloo's threads write "[Gloo] Rank i is connected to n peer ranks..." into each other's
+    lines, a dozen per program; a member's other output, on the same line too, stays, and so
+    does a note of fewer peers than expected."""
+    note = "[Gloo] Rank {} is connected to {} peer ranks. "
+    note += "Expected number of connected peer ranks is : 3"
+    short = note.format(2, 1)
+    member = _member(
+        f"""
+        import sys
+        sys.stderr.write({note.format(0, 3)!r} + {note.format(1, 3)!r} + "\\n")
+        sys.stderr.write({short!r} + "\\n")
+        sys.stderr.write({note.format(2, 3)!r} + "step 1\\n")
+        """
+    )
+    assert run_local_gang(member, 1) == 0
+    _, err = capfd.readouterr()
+    assert err.splitlines() == [short, "step 1"]
+
+
 @pytest.mark.parametrize(
     ("number", "to_group", "says"),
     [
