@@ -12,7 +12,9 @@ Writes into keel/experiments/sample/ (sources and licenses: NOTICE):
   quickstart stage has something to remove: MIRRORED articles of the WikiText sample republished
   by a mirror site (its own navigation and footer, the last paragraph cut: near duplicates), a
   Python docs page outside the pydocs sample fetched twice under two URLs (exact duplicates),
-  and a worksheet page that quotes LEAKED GSM8K problems with their answers (contamination).
+  and a worksheet page that quotes LEAKED GSM8K problems with their answers (contamination),
+  and a SPAM page whose text is the words of a WikiText article outside the sample in random
+  order (keyword stuffing: Gopher's heuristics pass it, the quality classifier does not).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import gzip
 import html
 import json
+import random
 import re
 from pathlib import Path
 
@@ -33,6 +36,10 @@ MIRRORED = (2, 8, 13, 30)
 """Articles of the WikiText sample (0-based) the crawl's mirror site republishes."""
 LEAKED = (4, 17, 42)
 """GSM8K sample problems (0-based) the crawl's worksheet page quotes."""
+SPAM = 45
+"""The WikiText valid article (0-based, outside the sample) whose shuffled words the spam page
+holds."""
+SPAM_SEED = 0
 TWICE = "https://docs.python.org/3.11/howto/sorting.html"
 """The Python docs page the crawl fetched under two URLs."""
 MIRROR_PAGE = """<!DOCTYPE html>
@@ -45,6 +52,16 @@ MIRROR_PAGE = """<!DOCTYPE html>
 </div>
 <footer><p>This page is a copy of a Wikipedia article. Text is available under the Creative
 Commons Attribution-ShareAlike License.</p><p>Mirror last updated 2024.</p></footer>
+</body></html>
+"""
+SPAM_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>Top 10 reviews of the year</title></head>
+<body>
+<nav><a href="/">Best Deals</a> | <a href="/reviews">Reviews</a></nav>
+<div id="content"><h1>Top 10 reviews of the year</h1>
+{paragraphs}
+</div>
+<footer><p>Best Deals earns a commission on purchases.</p></footer>
 </body></html>
 """
 WORKSHEET_PAGE = """<!DOCTYPE html>
@@ -110,12 +127,17 @@ def main() -> None:
         SAMPLE / "gsm8k.jsonl.gz",
         [{"question": p["question"], "answer": p["answer"]} for p in problems],
     )
-    crawled = crawl(articles(wikitext)[: args.articles], pages, problems)
+    crawled = crawl(articles(wikitext), args.articles, pages, problems)
     write_jsonl_gz(SAMPLE / "crawl.jsonl.gz", crawled)
 
 
-def crawl(articles: list[tuple[str, str]], pages: list[dict], problems: list[dict]) -> list[dict]:
-    """The crawl's pages: mirrors of MIRRORED articles, TWICE under two URLs, the worksheet."""
+def crawl(
+    articles: list[tuple[str, str]], sampled: int, pages: list[dict], problems: list[dict]
+) -> list[dict]:
+    """The crawl's pages: mirrors of MIRRORED articles (of the first `sampled`), TWICE under two
+    URLs, the worksheet, the spam page."""
+    if sampled > SPAM:
+        raise SystemExit(f"--articles {sampled}: the spam article {SPAM} must be outside it")
     rows = []
     for index in MIRRORED:
         title, text = articles[index]
@@ -135,6 +157,16 @@ def crawl(articles: list[tuple[str, str]], pages: list[dict], problems: list[dic
     rows.append(
         {"url": "https://homework.example/worksheets/word-problems",
          "html": WORKSHEET_PAGE.format(problems=quoted)}
+    )  # fmt: skip
+    words = articles[SPAM][1].split()
+    random.Random(SPAM_SEED).shuffle(words)
+    stuffed = "\n".join(
+        f"<p>{html.escape(' '.join(words[start : start + 120]))}</p>"
+        for start in range(0, len(words), 120)
+    )
+    rows.append(
+        {"url": "https://best-deals.example/top-10-reviews",
+         "html": SPAM_PAGE.format(paragraphs=stuffed)}
     )  # fmt: skip
     return rows
 

@@ -420,6 +420,13 @@ def mix_command(
     output: str = OUTPUT,
     total_tokens: int | None = typer.Option(None, "--total-tokens", help="Target tokens."),
     bytes_per_token: float = typer.Option(4.0, "--bytes-per-token", help="Token estimate."),
+    cluster_weight: list[str] = typer.Option(
+        [],
+        "--cluster-weight",
+        help="K=M (repeatable): split each source by its `cluster` column (keel data embed) and "
+        "give cluster K M times its natural share of the source's tokens (1 when not given, 0 "
+        "leaves it out).",
+    ),
     workers: int | None = WORKERS,
     backend: str = BACKEND,
     progress: str | None = PROGRESS,
@@ -428,9 +435,14 @@ def mix_command(
 ) -> None:
     """Mix document sets by token weight; small sources repeat (epochs in mix.json).
 
-    Example: keel data mix --source web/=0.7 --source books/=0.3 --output mix/ --total-tokens 1e9
+    Examples:
+      keel data mix --source web/=0.7 --source books/=0.3 --output mix/ --total-tokens 1e9
+      keel data mix --source embedded/=1 --cluster-weight 3=2 --cluster-weight 5=0 --output mix/
     """
-    sources = tuple(_mix_source(text) for text in source)
+    weights = tuple(_cluster_weight(text) for text in cluster_weight)
+    sources = tuple(
+        dataclasses.replace(_mix_source(text), cluster_weights=weights) for text in source
+    )
     config = MixConfig(sources, total_tokens, bytes_per_token)
     report = run_mix(config, output, flow_options(workers, backend, progress, quiet))
     show_report(report, output, as_json)
@@ -505,6 +517,16 @@ def _mix_source(text: str) -> MixSource:
         return MixSource(path, float(weight)) if separator else _bad_source(text)
     except ValueError:
         return _bad_source(text)
+
+
+def _cluster_weight(text: str) -> tuple[int, float]:
+    cluster, separator, multiplier = text.partition("=")
+    try:
+        if separator:
+            return int(cluster), float(multiplier)
+    except ValueError:
+        pass
+    raise UsageError(f"--cluster-weight {text!r}: expected CLUSTER=MULTIPLIER, e.g. 3=2")
 
 
 def _bad_source(text: str) -> MixSource:

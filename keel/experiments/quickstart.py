@@ -1,27 +1,35 @@
 """The quickstart: DataKit end to end on the bundled samples (see NOTICE), as keel steps.
 
-    ingest_wikitext ─┐
-    ingest_pydocs ───┼─> quality -> filter -> exact_dedup -> fuzzy_dedup -> decontam -> tokenize
-    ingest_crawl ────┘      (language, Gopher heuristics)        (vs GSM8K)    (BPE + token cache)
-                                                                                     │
-                      summary (drop accounting, tokens, loss, bits/byte) <── train <─┘
-                                                                         (tiny-moe)
+    ingest_wikitext ─┬─> quality_examples -> quality_model (a classifier trained here)
+    ingest_pydocs ───┤                              │
+    ingest_crawl ────┴──────────────────────> quality -> filter -> exact_dedup -> fuzzy_dedup
+                 (language, Gopher heuristics, quality_score)                       │
+           tokenize (BPE + token cache) <- decontam (vs GSM8K) <────────────────────┘
+               └─> train (tiny-moe) -> summary (drop accounting, tokens, loss, bits/byte)
 
 ingest_wikitext reads 40 Wikipedia articles; ingest_pydocs extracts the main text of 30 raw HTML
-pages of the Python docs; ingest_crawl extracts 7 pages shaped as a web crawl returns them: mirror
-copies of four of the articles, one docs page fetched under two URLs and a page quoting GSM8K
-problems, so that exact and fuzzy dedup and decontamination each remove something (NOTICE says
-how the samples were made). Every data stage runs on keel/flow worker processes, writes
-stage.json with its drop accounting, and is cached as a step. `train` trains the tiny-moe preset
-(an 8-expert MoE transformer) on the token cache and evaluates bits per byte on held-out windows.
-Run it with `keel quickstart`, or
-`keel run keel/experiments/quickstart.py`; change a threshold with e.g.
-`--set fuzzy_dedup.threshold=0.7` and only the steps from there on re-run.
+pages of the Python docs; ingest_crawl extracts 8 pages shaped as a web crawl returns them: mirror
+copies of four of the articles, one docs page fetched under two URLs, a page quoting GSM8K
+problems and a keyword-spam page, so that the quality filter, exact and fuzzy dedup and
+decontamination each remove something (NOTICE says how the samples were made). quality_model is
+the quality classifier (keel.data.quality) trained on the two clean sources against junk made
+here from the same samples (`quality_examples`: their paragraphs with the words shuffled, and the
+navigation lines of the raw docs pages); the filter drops documents it scores below 0.5, which
+Gopher's heuristics let through (the spam page). Every data stage runs on keel/flow worker
+processes, writes stage.json with its drop accounting, and is cached as a step. `train` trains
+the tiny-moe preset (an 8-expert MoE transformer) on the token cache and evaluates bits per byte
+on held-out windows. Run it with `keel quickstart`, or `keel run keel/experiments/quickstart.py`;
+change a threshold with e.g. `--set fuzzy_dedup.threshold=0.7` and only the steps from there on
+re-run.
 """
 
 from __future__ import annotations
 
+import gzip
+import html
 import json
+import random
+import re
 from dataclasses import dataclass, replace
 from importlib import resources
 
@@ -30,11 +38,18 @@ import numpy as np
 from keel.core import paths
 from keel.data.decontam import DecontamConfig, EvalSet, run_decontam
 from keel.data.dedup import ExactDedupConfig, run_exact_dedup
-from keel.data.documents import StageReport
+from keel.data.documents import StageReport, write_texts
 from keel.data.filter import FilterConfig, run_filter
 from keel.data.fuzzy import FuzzyDedupConfig, run_fuzzy_dedup
 from keel.data.ingest import IngestConfig, run_ingest
-from keel.data.quality import QualityConfig, run_quality
+from keel.data.inputs import read_documents
+from keel.data.quality import (
+    MODEL_FILE,
+    QualityConfig,
+    QualityTrainConfig,
+    run_quality,
+    run_train_quality,
+)
 from keel.data.steps import data_step
 from keel.data.token_cache import TokenCache
 from keel.data.tokenize import TokenizeConfig, run_tokenize
@@ -61,6 +76,55 @@ class BundledDecontam:
     eval_fields: tuple[str, ...]
     ngram: int = 13
     min_matches: int = 1
+
+
+@dataclass(frozen=True)
+class QualityExamples:
+    """Positive and negative examples for the quality classifier, from the bundled samples."""
+
+    positive: tuple[str, ...]
+    """Document sets of clean text (the ingested articles and docs pages)."""
+    shuffled_from: str
+    """A bundled sample (JSONL with "text") whose paragraphs, words shuffled, are negatives."""
+    navigation_from: str
+    """A bundled sample (JSONL with raw "html") whose navigation lines are negatives."""
+    min_paragraph_words: int = 50
+    seed: int = 0
+
+
+def quality_examples(config: QualityExamples, output: str) -> None:
+    """`output`/positive and `output`/negative: document sets the classifier trains on."""
+    positive = [
+        text
+        for source in config.positive
+        for text in read_documents(source, columns=["text"]).to_table().column("text").to_pylist()
+    ]
+    rng = random.Random(config.seed)
+    negative = []
+    for text in _bundled_rows(config.shuffled_from, "text"):
+        for paragraph in text.split("\n"):
+            words = paragraph.split()
+            if len(words) >= config.min_paragraph_words and not paragraph.startswith("="):
+                rng.shuffle(words)
+                negative.append(" ".join(words))
+    negative += [_navigation(page) for page in _bundled_rows(config.navigation_from, "html")]
+    write_texts(paths.join(output, "positive"), positive, source="positive")
+    write_texts(paths.join(output, "negative"), negative, source="negative")
+
+
+def _bundled_rows(sample: str, field: str) -> list[str]:
+    with resources.as_file(_bundled(sample)) as path, gzip.open(path, "rt") as lines:
+        return [json.loads(line)[field] for line in lines]
+
+
+def _navigation(page: str) -> str:
+    """The short lines (6 words or fewer) of an HTML page with its tags stripped: menus,
+    breadcrumbs, tables of contents, footers."""
+    page = re.sub(r"(?s)<(script|style)\b.*?</\1>", "", page)
+    lines = (
+        " ".join(line.split()) for line in html.unescape(re.sub(r"<[^>]+>", "\n", page)).split("\n")
+    )
+    return "\n".join(line for line in lines if line and len(line.split()) <= 6)
 
 
 @dataclass(frozen=True)
@@ -148,13 +212,26 @@ crawl = Step(
         "crawl.jsonl.gz", IngestConfig(format="jsonl", html_field="html", source="crawl")
     ),
 )
+examples = Step(
+    "quality_examples",
+    quality_examples,
+    QualityExamples(
+        (output_of(wikitext), output_of(pydocs)), "wikitext2.jsonl.gz", "pydocs.jsonl.gz"
+    ),
+)
+quality_model = data_step(
+    "quality_model",
+    run_train_quality,
+    (output_of(examples, "positive"), output_of(examples, "negative")),
+    QualityTrainConfig(n_features=2**18),
+)
 quality = data_step(
     "quality",
     run_quality,
     (output_of(wikitext), output_of(pydocs), output_of(crawl)),
-    QualityConfig(),
+    QualityConfig(model_path=output_of(quality_model, MODEL_FILE)),
 )
-kept = data_step("filter", run_filter, output_of(quality), FilterConfig())
+kept = data_step("filter", run_filter, output_of(quality), FilterConfig(min_quality_score=0.5))
 exact = data_step("exact_dedup", run_exact_dedup, output_of(kept), ExactDedupConfig())
 fuzzy = data_step("fuzzy_dedup", run_fuzzy_dedup, output_of(exact), FuzzyDedupConfig())
 clean = Step(

@@ -4,6 +4,7 @@ import itertools
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from cli_support import KeelCli
 from quickstart_support import copy_quickstart_outputs, earlier_quickstart
@@ -17,6 +18,8 @@ STEPS = [
     "ingest_wikitext",
     "ingest_pydocs",
     "ingest_crawl",
+    "quality_examples",
+    "quality_model",
     "quality",
     "filter",
     "exact_dedup",
@@ -77,9 +80,28 @@ def test_every_cleaning_stage_removes_something_from_the_bundled_samples(done):
     assert stages["fuzzy_dedup"]["dropped"]["near_duplicate"] >= 3
     assert sum(stages["decontam"]["dropped"].values()) >= 1
     assert sum(stages["filter"]["dropped"].values()) >= 1
-    for step in ("exact_dedup", "fuzzy_dedup", "decontam"):
+    for step in ("filter", "exact_dedup", "fuzzy_dedup", "decontam"):
         row = next(line for line in first.stdout.splitlines() if line.startswith(f"│ {step}-"))
         assert "│ -" not in row, row  # a drop, not the "-" of nothing dropped
+
+
+def test_the_quality_classifier_trained_in_the_pipeline_drops_the_spam_page(done):
+    """The crawl's keyword-spam page passes Gopher's heuristics; the classifier the quickstart
+    trains scores it below the filter's 0.5 and the filter drops it for that reason alone,
+    while every clean document keeps a score above it."""
+    cli, _ = done
+    filtered = next(cli.prefix.glob("filter-*"))
+    report = json.loads((filtered / "stage.json").read_text())
+    assert report["dropped"]["min_quality_score"] == 1
+    (spam,) = report["dropped_sample"]["min_quality_score"]
+    scored = pq.read_table(sorted(next(cli.prefix.glob("quality-*")).glob("part-*.parquet")))
+    rows = {row["id"]: row for row in scored.to_pylist()}
+    assert rows[spam]["url"] == "https://best-deals.example/top-10-reviews"
+    assert rows[spam]["quality_score"] < 0.5
+    clean = [row for row in rows.values() if row["source"] in ("wikitext2", "pydocs")]
+    assert len(clean) == 70 and min(row["quality_score"] for row in clean) > 0.5
+    model = json.loads((next(cli.prefix.glob("quality_model-*")) / "stage.json").read_text())
+    assert model["details"]["holdout_auc"] > 0.9
 
 
 def test_second_run_is_entirely_cached(done):
@@ -105,8 +127,8 @@ def test_a_threshold_change_reruns_from_that_stage_on(done):
     )
     assert changed.returncode == 0, changed.stderr
     result = json.loads(changed.stdout)
-    assert result["cached"] == STEPS[:4]
-    assert result["executed"] == STEPS[4:]
+    assert result["cached"] == STEPS[:6]
+    assert result["executed"] == STEPS[6:]
     summaries = [json.loads(p.read_text()) for p in cli.prefix.glob("summary-*/summary.json")]
     strict = next(s for s in summaries if s["stages"][4]["dropped"].get("min_word_count", 0) > 5)
     assert strict["tokens"] < cli.first_summary["tokens"] or len(summaries) == 2

@@ -59,12 +59,12 @@ def _kill_one_and_finish(
     run_dir = tmp_path / "run"
     config_file = write_config(tiny_moe(cache, GANG_MESH), tmp_path / "run.yaml")
     command = (sys.executable, "-m", "keel", "train", str(config_file), "--output", str(run_dir))
-    # All four devices, both processes; every member compiles its programs. With the session's
-    # compilation cache, process 0 would load the ones the reference gang compiled while process
-    # 1 compiles them afresh (JAX writes cache entries from process 0 only, and process 1's keys
-    # differ): on a loaded machine process 0 then waits at the first collective for more than
-    # the 30 s gloo allows it, and the attempt fails before anything is killed.
-    env = {"XLA_FLAGS": FOUR_DEVICES, "KEEL_DEVICES": "", "KEEL_COMPILATION_CACHE": "off"}
+    # All four devices, both processes, with the session's compilation cache: process 0 loads
+    # the programs the reference gang compiled while process 1 compiles them afresh (JAX writes
+    # cache entries from process 0 only, and process 1's keys differ), and waits for it at the
+    # compile barrier (keel.train.gang_programs), not inside a gloo collective, which gives up
+    # after 30 s: on a loaded machine that failed the attempt before anything was killed.
+    env = {"XLA_FLAGS": FOUR_DEVICES, "KEEL_DEVICES": ""}
     spec = JobSpec(command, replicas=2, env=env, max_retries=1, workdir=str(tmp_path))
     control = Controller(tmp_path / "control", {backend.name: backend})
     try:
