@@ -47,6 +47,9 @@ RAW_SCHEMA = pa.schema(
 )
 """The columns of documents read from JSONL or text files."""
 _FILE = "__keel_input_file"
+POSITION_COLUMN = "__keel_position"
+"""read_documents(positions=True): each document's place in the input, the same on every read
+(keel.flow.sources.with_positions): (file index << 40) | record number within the file."""
 
 
 def input_format(input: Input) -> str:
@@ -68,39 +71,45 @@ def read_documents(
     filter: pc.Expression | None = None,
     fields: Mapping[str, pa.DataType] | None = None,
     require_text: bool = True,
+    positions: bool = False,
 ) -> Dataset:
     """The input's documents as a flow Dataset (module doc): Parquet as is, JSONL and text files
     as RAW_SCHEMA rows; `columns` projects them, `filter` keeps the rows where it holds.
     JSONL only: `fields` are record fields kept besides RAW_SCHEMA's, as these types (a stage's
     attribute columns, an HTML field; null where a record lacks one); `require_text=False`
-    accepts records without text (extract reads HTML)."""
+    accepts records without text (extract reads HTML). `positions`: a last column,
+    POSITION_COLUMN, places each document in the input (before `filter`), so a second read can
+    pick out documents a first one chose."""
     globs = documents.parquet_glob(input)
     format = input_format(input)
+    place = POSITION_COLUMN if positions else None
     if format == "parquet":
         schema = read_parquet(globs).source.schema
         names = () if schema is None else schema.names
         if documents.ID_COLUMN in names or documents.TEXT_COLUMN not in names:
-            return read_parquet(globs, columns=columns, filter=filter)
-        # documents without ids: computed from the text, so every stage can name them
-        read = None if columns is None else [c for c in columns if c != documents.ID_COLUMN]
-        if read is not None and documents.TEXT_COLUMN not in read:
-            read.append(documents.TEXT_COLUMN)
-        docs = read_parquet(globs, columns=read).map_batches(add_ids)
+            docs = read_parquet(globs, columns=columns, position_column=place)
+        else:  # documents without ids: computed from the text, so every stage can name them
+            read = None if columns is None else [c for c in columns if c != documents.ID_COLUMN]
+            if read is not None and documents.TEXT_COLUMN not in read:
+                read.append(documents.TEXT_COLUMN)
+            docs = read_parquet(globs, columns=read, position_column=place).map_batches(add_ids)
     elif format == "jsonl":
         convert = functools.partial(
             jsonl_documents, fields=dict(fields or {}), require_text=require_text
         )
-        docs = read_jsonl(globs, file_column=_FILE).map_batches(convert)
+        docs = read_jsonl(globs, file_column=_FILE, position_column=place).map_batches(convert)
     else:
         files = expand(globs)
         docs = (
-            from_items([{"path": path} for path in files], num_shards=len(files))
+            from_items([{"path": path} for path in files], len(files), position_column=place)
             .flat_map(text_file_document)
             .map_batches(_typed)
         )
     if filter is not None:
         docs = docs.filter(filter)
-    return docs.select(*columns) if columns else docs
+    if columns:
+        return docs.select(*columns, *([POSITION_COLUMN] if positions else []))
+    return docs
 
 
 def column_names(input: Input) -> list[str] | None:
@@ -166,7 +175,11 @@ def jsonl_documents(
             arrays.append(pa.array(_column(batch, name), kind))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
             raise UsageError(f"{files[0]}: field {name!r} is not {kind} ({error})") from error
-    return pa.RecordBatch.from_arrays(arrays, names=[*RAW_SCHEMA.names, *extra])
+    names = [*RAW_SCHEMA.names, *extra]
+    if POSITION_COLUMN in batch.schema.names:
+        arrays.append(batch.column(POSITION_COLUMN))
+        names.append(POSITION_COLUMN)
+    return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
 def text_file_document(item: Row) -> list[Row]:
@@ -178,7 +191,10 @@ def text_file_document(item: Row) -> list[Row]:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         raise UsageError(f"{path} is not UTF-8 text ({error})") from error
-    return [{"id": documents.document_id(text), "text": text, "source": path, "url": None}]
+    document = {"id": documents.document_id(text), "text": text, "source": path, "url": None}
+    if POSITION_COLUMN in item:
+        document[POSITION_COLUMN] = item[POSITION_COLUMN]
+    return [document]
 
 
 def _format_of(glob: str) -> str:
@@ -200,6 +216,10 @@ def _column(batch: pa.RecordBatch, name: str) -> list:
 
 
 def _typed(batch: pa.RecordBatch) -> pa.RecordBatch:
+    fields = list(RAW_SCHEMA)
+    if POSITION_COLUMN in batch.schema.names:
+        fields.append(pa.field(POSITION_COLUMN, pa.uint64()))
+    schema = pa.schema(fields)
     return pa.RecordBatch.from_arrays(
-        [batch.column(field.name).cast(field.type) for field in RAW_SCHEMA], schema=RAW_SCHEMA
+        [batch.column(field.name).cast(field.type) for field in schema], schema=schema
     )

@@ -24,9 +24,11 @@ import pyarrow.compute as pc
 
 from keel.core.errors import UsageError
 from keel.flow.ops import (
+    BatchReducer,
     Deduplicate,
     Filter,
     FlatMap,
+    GroupBatches,
     GroupBy,
     Key,
     Map,
@@ -88,6 +90,16 @@ class Dataset:
         rows, or None. `combiner` (same signature) pre-aggregates each chunk on the map side; its
         rows must keep the key. The output has `num_shards` shards (default: the input's)."""
         return self._then(GroupBy(key, reducer, self._shards(num_shards), combiner))
+
+    def group_batches(
+        self, key: str, reducer: BatchReducer, num_shards: int | None = None
+    ) -> Dataset:
+        """group_by for a reducer written over Arrow: `reducer(table, starts)` once per shuffle
+        partition (or per memory-budget part of one; a key's rows are never split), the table's
+        rows sorted so that each value of the `key` column is one run, its rows in input order,
+        and `starts` the index of each run's first row ([runs], int64). It returns a table (or
+        None): one call per partition, not one per key, so no Python runs per row."""
+        return self._then(GroupBatches(key, reducer, self._shards(num_shards)))
 
     def deduplicate(self, key: Key, num_shards: int | None = None) -> Dataset:
         """One row per key: the first in input order (source shard, then row)."""
@@ -198,9 +210,12 @@ def _options(options: RunOptions | None, overrides: dict[str, Any]) -> RunOption
     return dataclasses.replace(base, **rest)
 
 
-def from_items(items: Sequence[Row], num_shards: int = 1) -> Dataset:
-    """A dataset of in-memory rows (dicts), cut into `num_shards` contiguous shards."""
-    return Dataset(items_source(items, num_shards))
+def from_items(
+    items: Sequence[Row], num_shards: int = 1, position_column: str | None = None
+) -> Dataset:
+    """A dataset of in-memory rows (dicts), cut into `num_shards` contiguous shards;
+    `position_column` as for read_parquet."""
+    return Dataset(items_source(items, num_shards, position_column))
 
 
 def from_files(
@@ -215,11 +230,18 @@ def from_files(
 
 
 def read_jsonl(
-    pattern: str | Sequence[str], lenient: bool = False, file_column: str | None = None
+    pattern: str | Sequence[str],
+    lenient: bool = False,
+    file_column: str | None = None,
+    position_column: str | None = None,
 ) -> Dataset:
     """JSON Lines files (plain, .gz, .zst). `lenient`: skip and count malformed records;
-    `file_column`: add a column of that name holding each row's file path."""
-    return Dataset(file_source(pattern, "jsonl", lenient=lenient, file_column=file_column))
+    `file_column`: add a column of that name holding each row's file path; `position_column`
+    as for read_parquet."""
+    source = file_source(
+        pattern, "jsonl", lenient=lenient, file_column=file_column, position_column=position_column
+    )
+    return Dataset(source)
 
 
 def read_parquet(
@@ -228,10 +250,20 @@ def read_parquet(
     filter: pc.Expression | None = None,
     lenient: bool = False,
     file_column: str | None = None,
+    position_column: str | None = None,
 ) -> Dataset:
     """Parquet files; `columns` and `filter` are pushed down into the reader (row groups whose
-    statistics exclude the filter are not read); `file_column` as for read_jsonl."""
+    statistics exclude the filter are not read); `file_column` as for read_jsonl;
+    `position_column`: add a uint64 column of that name holding each row's place in the input,
+    the same every time the input is read (keel.flow.sources.with_positions), so that a later
+    pass over the same files can pick out rows an earlier one chose."""
     source = file_source(
-        pattern, "parquet", columns=columns, filter=filter, lenient=lenient, file_column=file_column
+        pattern,
+        "parquet",
+        columns=columns,
+        filter=filter,
+        lenient=lenient,
+        file_column=file_column,
+        position_column=position_column,
     )
     return Dataset(source)

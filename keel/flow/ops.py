@@ -1,7 +1,8 @@
 """The operations of a flow pipeline, and how a fused chain of narrow ones runs on one chunk.
 
 Narrow operations (map, flat_map, filter, map_batches, select) work chunk by chunk and are fused
-into one stage. Wide operations (group_by, deduplicate, repartition) move rows between shards, so
+into one stage. Wide operations (group_by, group_batches, deduplicate, repartition) move rows
+between shards, so
 the planner cuts a stage at each. `sort` orders the rows of each shard and ends its stage.
 
 Rows are dicts; a chunk is a pyarrow RecordBatch. A fused chain converts a chunk to rows only when
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -27,6 +29,10 @@ Key = str | KeyFunction
 
 Reducer = Callable[[Any, list[Row]], Iterable[Row] | Row | None]
 """group_by's reducer: (key, rows of that key in input order) -> output rows (or one row)."""
+
+BatchReducer = Callable[[pa.Table, np.ndarray], pa.Table | None]
+"""group_batches' reducer: (rows sorted so that each key's rows are adjacent and in input order,
+the index of each key's first row [keys]) -> output rows, or None for none."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,13 @@ class GroupBy:
 
 
 @dataclass(frozen=True)
+class GroupBatches:
+    key: str
+    reducer: BatchReducer
+    num_shards: int
+
+
+@dataclass(frozen=True)
 class Deduplicate:
     key: Key
     num_shards: int
@@ -83,7 +96,7 @@ class Sort:
     keys: tuple[tuple[str, str], ...]
 
 
-WideOp = GroupBy | Deduplicate | Repartition
+WideOp = GroupBy | GroupBatches | Deduplicate | Repartition
 
 
 class StageError(KeelError):

@@ -1,9 +1,10 @@
 """The planner: a pipeline (source + operations) -> stages.
 
 Consecutive narrow operations fuse into one stage, which runs them chunk by chunk without writing
-anything in between. Each wide operation (group_by, deduplicate, repartition) ends a stage with a
-shuffle, and the next stage starts by reducing that shuffle. A sort orders each shard at the end of
-its stage; narrow operations after it still run in that stage, on the sorted rows.
+anything in between. Each wide operation (group_by, group_batches, deduplicate, repartition) ends
+a stage with a shuffle, and the next stage starts by reducing that shuffle. A sort orders each
+shard at the end of its stage; narrow operations after it still run in that stage, on the sorted
+rows.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from keel.flow.ops import (
     Deduplicate,
     Filter,
     FlatMap,
+    GroupBatches,
     GroupBy,
     Map,
     MapBatches,
@@ -63,7 +65,7 @@ def build_plan(ops: Sequence[Op]) -> list[StagePlan]:
     after: list[NarrowOp] = []
     sort: Sort | None = None
     for op in ops:
-        if isinstance(op, (GroupBy, Deduplicate, Repartition)):
+        if isinstance(op, (GroupBy, GroupBatches, Deduplicate, Repartition)):
             stages.append(StagePlan(len(stages), reduce, tuple(narrow), sort, tuple(after), op))
             reduce, narrow, after, sort = op, [], [], None
         elif isinstance(op, Sort):
@@ -124,6 +126,8 @@ def _name(op: object) -> str:
         return (
             f"group_by({_key(op.key)}, {op.num_shards} shards{', combiner' if op.combiner else ''})"
         )
+    if isinstance(op, GroupBatches):
+        return f"group_batches({_key(op.key)}, {_fn(op.reducer)}, {op.num_shards} shards)"
     if isinstance(op, Deduplicate):
         return f"deduplicate({_key(op.key)}, {op.num_shards} shards)"
     if isinstance(op, Repartition):

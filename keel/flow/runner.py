@@ -32,7 +32,7 @@ from keel.core.owned import owner_tag, remove_abandoned
 from keel.core.progress import QUIET, STAGES, ProgressDisplay, ProgressStyle
 from keel.flow import sources
 from keel.flow.backends import Backend, make_backend
-from keel.flow.ops import Deduplicate, GroupBy, Repartition
+from keel.flow.ops import GroupBy, Repartition, WideOp
 from keel.flow.plan import StagePlan
 from keel.flow.readers import SkipLog
 from keel.flow.shuffle import Segment, concat_batches, read_segments
@@ -235,14 +235,14 @@ def _new_work_dir() -> str:
     return tempfile.mkdtemp(prefix=f"{WORK_DIR_PREFIX}{owner_tag()}-", dir=temporary)
 
 
-def _shuffle_output(op: GroupBy | Deduplicate | Repartition) -> ShuffleOutput:
+def _shuffle_output(op: WideOp) -> ShuffleOutput:
     if isinstance(op, Repartition):
         return ShuffleOutput(None, op.num_shards)
     combiner = op.combiner if isinstance(op, GroupBy) else None
     return ShuffleOutput(op.key, op.num_shards, combiner)
 
 
-def _partitions(results: list[TaskResult], op: GroupBy | Deduplicate | Repartition) -> list:
+def _partitions(results: list[TaskResult], op: WideOp) -> list:
     return [
         ShuffleInput(
             tuple(segment for r in results for segment in r.partitions.get(partition, [])),

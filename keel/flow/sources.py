@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import posixpath
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 
 from keel.core import paths
 from keel.core.errors import UsageError
+from keel.flow.keys import order_values
 from keel.flow.ops import Row
 from keel.flow.readers import MalformedInputError, SkipLog, parquet_schema, read_jsonl, read_parquet
 
@@ -35,6 +36,9 @@ class FileSource:
     """Parquet: the schema every file must have (that of the first file unless given)."""
     file_column: str | None = None
     """When set, a string column of this name holds each row's file path."""
+    position_column: str | None = None
+    """When set, a uint64 column of this name holds each row's place in the input (see
+    with_positions)."""
 
     @property
     def num_shards(self) -> int:
@@ -45,12 +49,14 @@ class FileSource:
 
     def read(self, shard: int, chunk_rows: int, skipped: SkipLog) -> Iterator[pa.RecordBatch]:
         batches = self._read(self.files[shard], chunk_rows, skipped)
-        if self.file_column is None:
-            yield from batches
-            return
-        for batch in batches:
-            names = pa.array([self.files[shard]] * batch.num_rows, pa.string())
-            yield batch.append_column(self.file_column, names)
+        if self.file_column is not None:
+            batches = (
+                batch.append_column(
+                    self.file_column, pa.array([self.files[shard]] * batch.num_rows, pa.string())
+                )
+                for batch in batches
+            )
+        yield from with_positions(batches, shard, self.position_column)
 
     def _read(self, path: str, chunk_rows: int, skipped: SkipLog) -> Iterator[pa.RecordBatch]:
         if self.format == "jsonl":
@@ -74,6 +80,8 @@ class ItemsSource:
     """An in-memory list of rows, cut into `num_shards` contiguous shards."""
 
     shards: tuple[tuple[Row, ...], ...]
+    position_column: str | None = None
+    """As FileSource.position_column."""
 
     @property
     def num_shards(self) -> int:
@@ -84,14 +92,36 @@ class ItemsSource:
 
     def read(self, shard: int, chunk_rows: int, skipped: SkipLog) -> Iterator[pa.RecordBatch]:
         rows = iter(self.shards[shard])
-        while chunk := list(itertools.islice(rows, chunk_rows)):
-            yield pa.RecordBatch.from_pylist(chunk)
+        batches = (
+            pa.RecordBatch.from_pylist(chunk)
+            for chunk in iter(lambda: list(itertools.islice(rows, chunk_rows)), [])
+        )
+        yield from with_positions(batches, shard, self.position_column)
+
+
+def with_positions(
+    batches: Iterable[pa.RecordBatch], shard: int, column: str | None
+) -> Iterator[pa.RecordBatch]:
+    """The batches of source shard `shard`, with a uint64 `column` (when named) holding each
+    row's place in the input: (shard << 40) | its row number within the shard (after a pushed
+    down filter). Reading the same input again gives every row the same place, so a later pass
+    can name rows an earlier pass chose."""
+    if column is None:
+        yield from batches
+        return
+    first = 0
+    for batch in batches:
+        places = order_values(shard, first, batch.num_rows)
+        first += batch.num_rows
+        yield batch.append_column(column, pa.array(places, pa.uint64()))
 
 
 Source = FileSource | ItemsSource
 
 
-def items_source(items: Sequence[Row], num_shards: int) -> ItemsSource:
+def items_source(
+    items: Sequence[Row], num_shards: int, position_column: str | None = None
+) -> ItemsSource:
     if num_shards < 1:
         raise UsageError(f"from_items: num_shards must be at least 1, got {num_shards}")
     rows = list(items)
@@ -100,7 +130,7 @@ def items_source(items: Sequence[Row], num_shards: int) -> ItemsSource:
         raise UsageError(f"from_items expects dicts (rows), got a {type(bad).__name__}")
     size = -(-len(rows) // num_shards) if rows else 0
     shards = tuple(tuple(rows[i * size : (i + 1) * size]) for i in range(num_shards))
-    return ItemsSource(shards)
+    return ItemsSource(shards, position_column)
 
 
 def file_source(
@@ -111,6 +141,7 @@ def file_source(
     filter: pc.Expression | None = None,
     lenient: bool = False,
     file_column: str | None = None,
+    position_column: str | None = None,
 ) -> FileSource:
     """Expand a glob (or several) into a sorted file list and pick the reader by suffix."""
     files = expand(pattern)
@@ -123,7 +154,9 @@ def file_source(
     if chosen == "parquet":
         schema = _first_readable_schema(files, columns, lenient)
     projected = tuple(columns) if columns else None
-    return FileSource(files, chosen, projected, filter, lenient, schema, file_column)
+    return FileSource(
+        files, chosen, projected, filter, lenient, schema, file_column, position_column
+    )
 
 
 def expand(pattern: str | Sequence[str]) -> tuple[str, ...]:

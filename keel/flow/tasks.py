@@ -20,7 +20,7 @@ from keel.core import paths
 from keel.flow.keys import HIDDEN_COLUMNS, KEY_COLUMN
 from keel.flow.ops import (
     Deduplicate,
-    GroupBy,
+    GroupBatches,
     Key,
     NarrowOp,
     Reducer,
@@ -28,6 +28,7 @@ from keel.flow.ops import (
     Row,
     Sort,
     StageError,
+    WideOp,
     rows_to_batch,
     run_narrow,
 )
@@ -70,7 +71,7 @@ class ShuffleInput:
     """Partition `partition` of the previous stage: its segments in map-task order."""
 
     segments: tuple[Segment, ...]
-    reduce: GroupBy | Deduplicate | Repartition
+    reduce: WideOp
     partition: int
 
 
@@ -249,6 +250,10 @@ class Task:
                 yield from _visible_table(table.take(pa.array(starts))).to_batches(
                     self.settings.chunk_rows
                 )
+            elif isinstance(reduce, GroupBatches):
+                out = reduce.reducer(_visible_table(table), starts)
+                if out is not None and out.num_rows:
+                    yield from out.to_batches(self.settings.chunk_rows)
             else:
                 keys = table.column(key_name).take(pa.array(starts)).to_pylist()
                 rows = _visible_table(table).to_pylist()

@@ -114,6 +114,19 @@ def test_exact_dedup_writes_removed_rows_and_stage_json(tmp_path, pool):
     assert StageReport.read(str(tmp_path / "out")).dropped == {"exact_duplicate": 2}
 
 
+def test_exact_dedup_keeps_the_first_copy_across_files_in_input_order(tmp_path, pool):
+    texts = ["late", "x y", "first", "x y", "only", "first", "late"]  # 2 files: 4 + 3 rows
+    rows = [_doc(text, f"s{n}") for n, text in enumerate(texts)]
+    run_exact_dedup(_write(rows, tmp_path / "in"), str(tmp_path / "out"), options=pool)
+    kept = _kept(tmp_path / "out")
+    assert [(row["text"], row["source"]) for row in kept] == [
+        ("late", "s0"), ("x y", "s1"), ("first", "s2"), ("only", "s4")
+    ]  # fmt: skip
+    assert sorted((row["source"], row["duplicate_of"]) for row in _removed(tmp_path / "out")) == [
+        ("s3", document_id("x y")), ("s5", document_id("first")), ("s6", document_id("late"))
+    ]  # fmt: skip
+
+
 def test_input_without_ids_gets_them_from_the_text(tmp_path, pool):
     rows = [{"text": text, "source": "s"} for text in ("one two", "three", "one two")]
     run_exact_dedup(_write(rows, tmp_path / "in", 1), str(tmp_path / "out"), options=pool)

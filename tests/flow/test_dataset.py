@@ -85,6 +85,40 @@ def test_reducer_may_return_many_rows_or_none(pool):
     assert len(rows) == sum(range(7))
 
 
+def _first_and_count(rows: pa.Table, starts: np.ndarray) -> pa.Table:
+    """group_batches reducer: per key, its first row's n, its rows' count and all its ns."""
+    ends = np.append(starts[1:], rows.num_rows)
+    ns = rows.column("n").to_pylist()
+    return pa.table(
+        {
+            "id": rows.column("id").take(starts),
+            "first": rows.column("n").take(starts),
+            "count": pa.array(ends - starts),
+            "ns": [ns[start:end] for start, end in zip(starts, ends, strict=True)],
+        }
+    )
+
+
+def test_group_batches_gives_each_key_one_run_in_input_order(pool):
+    table = from_items(ROWS, 4).group_batches("id", _first_and_count, 3).to_table(backend=pool)
+    groups = {row["id"]: row for row in table.to_pylist()}
+    assert sorted(groups) == list(range(7))  # one run per key: never split over calls
+    for key, row in groups.items():
+        assert row["ns"] == [n for n in range(100) if n % 7 == key]  # input order
+        assert (row["first"], row["count"]) == (key, len(row["ns"]))
+
+
+def test_positions_place_each_row_the_same_on_every_read(pool, tmp_path):
+    for name, rows in (("a", 3), ("b", 2)):
+        pq.write_table(pa.table({"n": list(range(rows))}), tmp_path / f"{name}.parquet")
+    read = read_parquet(str(tmp_path / "*.parquet"), position_column="at", filter=pc.field("n") > 0)
+    first, again = (read.to_table(backend=pool).column("at").to_pylist() for _ in range(2))
+    # (file << 40) | row within the file; the filter runs in the reader, before the count
+    assert first == again == [0, 1, 1 << 40]
+    items = from_items(ROWS[:4], 2, position_column="at").to_table(backend=pool)
+    assert items.column("at").to_pylist() == [0, 1, 1 << 40, (1 << 40) + 1]
+
+
 def test_repartition_keeps_every_row_and_spreads_them(pool, tmp_path):
     result = from_items(ROWS, 1).repartition(4).write_parquet(tmp_path / "out", backend=pool)
     sizes = [pq.read_metadata(f).num_rows for f in result.files]
