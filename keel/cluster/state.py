@@ -110,7 +110,7 @@ def connect(path: str | Path) -> sqlite3.Connection:
     private_file(path)  # SQLite gives the -wal and -shm files the database file's mode
     database = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
     database.row_factory = sqlite3.Row
-    database.execute("PRAGMA journal_mode=WAL")
+    _enter_wal(database, path)
     database.execute("PRAGMA synchronous=NORMAL")
     database.execute("PRAGMA cache_size=-65536")  # 64 MiB: the controller rereads its queue
     database.executescript(SCHEMA)
@@ -118,6 +118,32 @@ def connect(path: str | Path) -> sqlite3.Connection:
         if journal.exists() and journal.stat().st_mode & 0o077:
             journal.chmod(0o600)
     return database
+
+
+WAL_DEADLINE_S = 30.0
+"""How long connect keeps asking for WAL mode while other processes open the same new file."""
+
+
+def _enter_wal(database: sqlite3.Connection, path: str | Path) -> None:
+    """Put the database in WAL mode. Switching a new file to WAL takes an exclusive lock and
+    SQLite answers "database is locked" at once, without its busy timeout, to a process that
+    asks while another holds it: twelve `keel job run` started together on a fresh root lost
+    one that way. So ask again, with growing pauses, for up to WAL_DEADLINE_S."""
+    deadline = time.monotonic() + WAL_DEADLINE_S
+    pause = 0.005
+    while True:
+        try:
+            mode = database.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+        else:
+            if mode == "wal":
+                return
+            if time.monotonic() > deadline:
+                raise sqlite3.OperationalError(f"{path}: cannot enter WAL mode (still {mode})")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
 
 
 @contextmanager

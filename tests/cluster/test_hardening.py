@@ -2,6 +2,7 @@
 each job, the controller's lock, private files and hidden secrets (issue 20)."""
 
 import json
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -89,6 +90,34 @@ def test_assignment_takes_only_jobs_still_pending_inside_its_transaction(tmp_pat
     states = dict(database.execute("SELECT id, state FROM jobs").fetchall())
     assert states == {ids[0]: "running", ids[1]: "cancelled", ids[2]: "running"}
     assert database.execute("SELECT count(*) FROM attempts").fetchone()[0] == 1
+
+
+def _open_state(path: str, go, errors) -> None:
+    """In a child process: open the state database when `go` is set; put any error on `errors`."""
+    go.wait()
+    try:
+        state.connect(path).execute("SELECT count(*) FROM jobs").fetchall()
+    except Exception as error:  # the test reports what went wrong in which process
+        errors.put(f"{type(error).__name__}: {error}")
+
+
+def test_many_processes_opening_a_new_state_database_at_once_all_succeed(tmp_path):
+    """What twelve `keel job run` on a fresh root do: switching the new file to WAL mode used to
+    fail "database is locked" at once in a process that asked while another switched it (before
+    the fix, most runs of this test saw it)."""
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+    for round in range(20):
+        path = str(tmp_path / f"root-{round}" / "state.db")
+        go = context.Event()
+        openers = [context.Process(target=_open_state, args=(path, go, errors)) for _ in range(16)]
+        for opener in openers:
+            opener.start()
+        go.set()  # all at once
+        for opener in openers:
+            opener.join(timeout=60)
+        assert all(opener.exitcode == 0 for opener in openers)
+    assert errors.empty(), errors.get()
 
 
 def test_one_process_at_a_time_holds_a_roots_lock_and_a_kill_frees_it(tmp_path):
