@@ -41,6 +41,36 @@ def key_column(batch: pa.RecordBatch, key: Key) -> tuple[pa.RecordBatch, str]:
     return batch.append_column(KEY_COLUMN, pa.array(values)), KEY_COLUMN
 
 
+def column_hashes(values: pa.Array) -> np.ndarray:
+    """uint64 hashes of a key column's values: [n]. A fixed-size binary column without nulls
+    whose width is a multiple of 8 bytes (a digest, such as exact dedup's xxh3-128 of a text) is
+    mixed in numpy, 8 bytes at a time, with no Python per row: 0.08 s against 0.87 s per million
+    16-byte keys on this machine. Any other column goes through stable_hash."""
+    kind = values.type
+    if pa.types.is_fixed_size_binary(kind) and kind.byte_width % 8 == 0 and not values.null_count:
+        words = np.frombuffer(
+            values.buffers()[1],
+            dtype=np.uint64,
+            count=len(values) * kind.byte_width // 8,
+            offset=values.offset * kind.byte_width,
+        ).reshape(len(values), kind.byte_width // 8)
+        hashes = np.full(len(values), _DIGEST_SEED, dtype=np.uint64)
+        for word in words.T:
+            hashes = _mix64(hashes ^ word)
+        return hashes
+    return hash_values(values.to_pylist())
+
+
+_DIGEST_SEED = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, elementwise on uint64 (wrapping arithmetic)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
 def hash_values(values: list[Any]) -> np.ndarray:
     """uint64 xxh3 hashes of key values: [n]."""
     return np.fromiter((stable_hash(value) for value in values), dtype=np.uint64, count=len(values))

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keel.core import paths
-from keel.flow.keys import HASH_COLUMN, ORDER_COLUMN, hash_values, key_column, order_values
+from keel.flow.keys import HASH_COLUMN, ORDER_COLUMN, column_hashes, key_column, order_values
 from keel.flow.ops import Key
 
 IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
@@ -111,7 +111,7 @@ class PartitionWriter:
             partition = (order * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
         else:
             batch, name = key_column(batch, self.key)
-            partition = hash_values(batch.column(name).to_pylist())
+            partition = column_hashes(batch.column(name))
             batch = batch.append_column(HASH_COLUMN, pa.array(partition))
         batch = batch.append_column(ORDER_COLUMN, pa.array(order))
         _split(batch, partition % np.uint64(self.num_partitions), self.num_partitions, self.streams)

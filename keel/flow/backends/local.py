@@ -80,6 +80,8 @@ class LocalBackend:
         return attempts.ordered_results()
 
     def close(self) -> None:
+        for worker in self._pool:  # all are told first, so they wind down side by side
+            worker.ask_to_stop()
         for worker in self._pool:
             worker.stop()
         self._pool.clear()
@@ -115,6 +117,7 @@ class _Worker:
         os.close(from_child_write)
         self.sender = Connection(to_child_write, readable=False)
         self.connection = Connection(from_child_read, writable=False)
+        self.asked_to_stop = False
 
     def send(self, task: Task, attempt: int) -> None:
         self.sender.send_bytes(pickle_task(task, attempt))
@@ -131,10 +134,16 @@ class _Worker:
                 code = self.process.wait()
             return ("died", f"worker process died ({_exit_reason(code)})", True)
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
+    def ask_to_stop(self) -> None:
+        """Send the empty message that ends the worker's loop, once (stop waits for the exit)."""
+        if self.process.poll() is None and not self.asked_to_stop:
+            self.asked_to_stop = True
             with contextlib.suppress(OSError):  # it may die between the check and the send
                 self.sender.send_bytes(b"")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.ask_to_stop()
             try:
                 self.process.wait(timeout=2)
             except subprocess.TimeoutExpired:

@@ -6,6 +6,7 @@ other, one task at a time, until it reads an empty message or its coordinator go
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
 import sys
@@ -30,3 +31,8 @@ if __name__ == "__main__":
     serve(
         Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False)
     )
+    # Every task's files are closed and its outcome sent: skip the interpreter's teardown, which
+    # spent ~0.3 s freeing a worker's heap (Arrow buffers of the last tasks) at each pool close.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
