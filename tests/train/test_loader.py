@@ -116,6 +116,25 @@ def test_a_mixture_follows_its_weights_deterministically(caches):
     assert np.array_equal(batch[row], TokenCache(caches["b"]).window(int(window[row]), SEQ_LEN))
 
 
+@pytest.mark.parametrize("position", [(0, 0), (37, 1000)])
+def test_steps_served_from_a_worked_out_block_equal_each_step_alone(caches, position):
+    """indices works out a block of steps at once: any step, in any order and on either side of
+    a block's edge or of a resumed loader's first step, gets what its own sequences address."""
+    a, _ = split_windows(caches["a"], SEQ_LEN, 0.1)
+    b, _ = split_windows(caches["b"], SEQ_LEN, 0.1)
+    loader = MixtureLoader([(a, 3.0), (b, 1.0)], batch_size=24, seed=5, position=position)
+    first_step, first_sequence = position
+    block = loader._steps_per_block
+    steps = [first_step + s for s in (0, block - 1, block, 3 * block + 2, 1, 2 * block)]
+    for step in steps:
+        g = first_sequence + (step - first_step) * 24 + np.arange(24, dtype=np.int64)
+        alone = loader._sequence_indices(g)
+        served = loader.indices(step)
+        assert np.array_equal(served[0], alone[0]) and np.array_equal(served[1], alone[1])
+        served[1][:] = -1  # the caller's copy: the loader's block is untouched
+        assert np.array_equal(loader.indices(step)[1], alone[1])
+
+
 def test_split_and_eval_batches(caches):
     cache = TokenCache(caches["a"])
     n = cache.num_windows(SEQ_LEN)
