@@ -146,16 +146,22 @@ def one_device_run(wikitext_cache, tmp_path_factory) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
-def gang_run(wikitext_cache, tmp_path_factory) -> tuple[list[dict], str]:
-    """(metrics, stdout) of `keel train --processes 2` on 2 processes x 4 devices."""
+def gang_run(wikitext_cache, tmp_path_factory) -> tuple[list[dict], str, str]:
+    """(metrics, stdout, stderr) of `keel train --processes 2` on 2 processes x 4 devices, with
+    a compilation cache of its own (so process 0 compiles every program) and debug logs."""
 
-    def make() -> tuple[list[dict], str]:
+    def make() -> tuple[list[dict], str, str]:
         root = tmp_path_factory.mktemp("gang")
         config_file = write_config(tiny_moe(wikitext_cache, GANG_MESH), root / "run.yaml")
         command = [*KEEL, "train", str(config_file), "--processes", "2", "--output", "run"]
-        done = subprocess.run(command, cwd=root, env=gang_env(), capture_output=True, text=True)
+        env = {
+            **gang_env(),
+            "KEEL_COMPILATION_CACHE": str(root / "jax-cache"),
+            "KEEL_LOG_LEVEL": "debug",
+        }
+        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
-        return metrics(root / "run"), done.stdout
+        return metrics(root / "run"), done.stdout, done.stderr
 
-    got_metrics, stdout = made_once(tmp_path_factory, "gang-run", make)
-    return got_metrics, stdout
+    got_metrics, stdout, stderr = made_once(tmp_path_factory, "gang-run", make)
+    return got_metrics, stdout, stderr

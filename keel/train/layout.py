@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import jax
@@ -29,6 +30,7 @@ from keel.model.sharding import BATCH_SPEC, build_mesh, replicated
 from keel.model.transformer import init_params, init_router_bias, param_labels
 from keel.train.checkpoint import TrainState
 from keel.train.config import TrainConfig
+from keel.train.gang_programs import compiled_in_step
 from keel.train.optim import build_optimizer
 
 HOST_MEMORY = "pinned_host"
@@ -183,9 +185,8 @@ def initial_state(
     shapes = param_shapes(config)
     optimizer = build_optimizer(config.optimizer, learning_rate, param_labels(shapes))
     layout = plan_layout(config, optimizer, devices, shapes)
-    params = jax.jit(init_params, static_argnums=1, out_shardings=layout.state.params)(
-        key, config.model
-    )
+    init = jax.jit(partial(init_params, config=config.model), out_shardings=layout.state.params)
+    params = compiled_in_step(init, "init")(key)  # a gang compiles it once (gang_programs)
     opt_state = jax.jit(optimizer.init, out_shardings=layout.state.opt_state)(params)
     whole = replicated(layout.mesh)
     bias = init_router_bias(config.model)

@@ -289,3 +289,16 @@ def test_a_chain_that_failed_part_way_resumes_from_the_shards_it_finished(
     monkeypatch.delenv(lowercase_stage.FAIL_ON)
     run_chain(chain, files[:2], output, options)
     assert sorted(os.listdir(tmp_path)) == ["docs", "fresh", "out"]
+
+
+def test_docs_list_every_registered_stage_with_its_kind_and_config():
+    """docs/data.md's stage table is the registry: a stage added without a row (or a row whose
+    kind or config class is stale) fails here."""
+    text = (Path(__file__).parents[2] / "docs/data.md").read_text(encoding="utf-8")
+    table = text.split("## The stages", 1)[1].split("\n\n| stage |", 1)[1].split("\n\n", 1)[0]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        name, kind, config = (cell.strip().strip("`") for cell in line.split("|")[1:4])
+        rows[name] = (kind, config)
+    want = {name: (s.kind, s.config.__name__) for name, s in registry.STAGES.items()}
+    assert rows == want

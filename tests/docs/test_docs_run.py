@@ -6,7 +6,9 @@ uses an earlier one's files), shell blocks with `bash -euxo pipefail` (-x: a
 failure's output shows the line that failed), Python blocks saved to a file
 (`# NAME.py` on a block's first line names it, so a later block can run it) and run with this
 venv's python. The environment is a user's: this venv's bin first on PATH, this checkout's keel
-importable, and none of the suite's test-only settings (simulated devices, KEEL_DEVICES).
+importable, and none of the suite's test-only settings (simulated devices, KEEL_DEVICES, the
+session's own compilation cache: the blocks use the user's, ~/.cache/keel/jax by default, where
+the set-up command's quickstart left its compiled programs).
 
 The README tour starts with `keel quickstart` (4-6 minutes cold on 2 cores), which the README says
 to run once at set-up and which the tour then runs again ("run it twice: all cached"). The
@@ -31,7 +33,7 @@ from quickstart_support import copy_quickstart_outputs, earlier_quickstart
 
 BLOCK_TIMEOUT_S = 600  # a cold quickstart (no earlier run to copy) takes 4-6 min
 OUTPUT_TAIL_LINES = 40
-TEST_ONLY_SETTINGS = ("XLA_FLAGS", "KEEL_DEVICES", "PYTEST_CURRENT_TEST")
+TEST_ONLY_SETTINGS = ("XLA_FLAGS", "KEEL_DEVICES", "KEEL_COMPILATION_CACHE", "PYTEST_CURRENT_TEST")
 
 
 def _run_blocks(doc: Path) -> list[Block]:

@@ -5,6 +5,7 @@ state offloaded; and fsdp shards the state."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -47,9 +48,14 @@ def test_one_process_meshes_match_one_device(
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the session's reference runs may be made here
 def test_two_processes_of_four_devices_match_one_device(gang_run, one_device_run):
-    gang_metrics, stdout = gang_run
+    gang_metrics, stdout, stderr = gang_run
     assert_same_losses(gang_metrics, one_device_run)
     assert stdout.count("trained") == 1  # process 0 reports; process 1 only trains
+    # On a cold cache the gang compiled each program once: process 0 compiled and shared it,
+    # process 1 ran what it loaded (keel.train.gang_programs), and the losses above are theirs.
+    for program in ("init", "update", "evaluate"):
+        assert re.search(rf"^(?!\[process 1\]).*\b{program}: compiled and shared", stderr, re.M)
+        assert re.search(rf"^\[process 1\].*\b{program}: loaded process 0's program", stderr, re.M)
 
 
 @pytest.mark.slow
