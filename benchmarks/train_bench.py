@@ -65,7 +65,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from keel.core.errors import KeelError, UsageError
-from keel.model.grouped import blocked_swiglu, expert_swiglu_for
+from keel.model.grouped import expert_swiglu_for
 from keel.model.loss import cross_entropy, target_mask
 from keel.model.size import flops_per_token, model_size
 from keel.model.transformer import forward, init_params, init_router_bias, param_labels
@@ -350,8 +350,7 @@ def grouped_kind(config: TrainConfig) -> str | None:
     """The routed experts' grouped matmul as this backend resolves it; None for a dense model."""
     if not config.model.is_moe:
         return None
-    chosen = expert_swiglu_for(config.model.grouped_matmul)
-    return "blocks" if chosen is blocked_swiglu else "ragged"
+    return expert_swiglu_for(config.model.grouped_matmul).name
 
 
 def summarize(bench: Bench) -> dict:

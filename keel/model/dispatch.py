@@ -2,15 +2,15 @@
 in waves across the EXPERT_AXIS devices, or ragged all-to-all (dropless, GPU/TPU).
 
 An assignment is one (token, k-slot) pair; there are tokens * top_k of them, taken in
-(token, slot) order. `fn(experts, rows, group_sizes)` runs the experts on rows [m, d_in] sorted
-by expert, group_sizes [experts] int32 rows per expert (rows past their sum are padding), and
-returns [m, d_out]; every leaf of `experts` holds the experts along axis 0.
+(token, slot) order. `fn` is a grouped.GroupedSwiGLU: the exchanges run `fn.sorted(experts,
+rows, group_sizes)` on rows [m, d_in] sorted by expert, group_sizes [experts] int32 rows per
+expert (rows past their sum are padding) -> [m, d_out]; one device runs `fn.routed(experts, x,
+expert_ids)` straight from the tokens. Every leaf of `experts` holds the experts along axis 0.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,14 +18,12 @@ import jax
 import jax.numpy as jnp
 
 from keel.core.errors import ConfigError
-from keel.model.grouped import blocked_swiglu, blocked_swiglu_routed
+from keel.model.grouped import GroupedSwiGLU
 from keel.model.router import Routing
 from keel.model.sharding import EXPERT_AXIS
 
 if TYPE_CHECKING:
     from keel.model.moe import ExpertParams
-
-ExpertFn = Callable[["ExpertParams", jax.Array, jax.Array], jax.Array]
 
 
 def _n_experts(experts: ExpertParams) -> int:
@@ -46,22 +44,12 @@ def _combine(results: jax.Array, gates: jax.Array, dtype: jnp.dtype) -> jax.Arra
 
 
 def dispatch_dropless(
-    x: jax.Array, routing: Routing, experts: ExpertParams, fn: ExpertFn
+    x: jax.Array, routing: Routing, experts: ExpertParams, fn: GroupedSwiGLU
 ) -> jax.Array:
     """One device, nothing dropped: x [tokens, d_in] -> [tokens, d_out] in x's dtype, the
-    gate-weighted sum of each token's top_k expert outputs. With fn = grouped.blocked_swiglu
-    the tokens go straight into their experts' blocks (blocked_swiglu_routed: the same products,
-    without the argsort, the copy of the rows in expert order and the unsorting)."""
-    if fn is blocked_swiglu:
-        return _combine(blocked_swiglu_routed(experts, x, routing.experts), routing.gates, x.dtype)
-    n_experts = _n_experts(experts)
-    k = routing.experts.shape[1]
-    flat = routing.experts.reshape(-1)
-    order = jnp.argsort(flat, stable=True)
-    rows = x[order // k]
-    out_sorted = fn(experts, rows, _group_sizes(flat, n_experts))
-    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
-    return _combine(out_sorted[inverse], routing.gates, x.dtype)
+    gate-weighted sum of each token's top_k expert outputs (fn.routed: with grouped.BLOCKS the
+    tokens go straight into their experts' blocks, no sort)."""
+    return _combine(fn.routed(experts, x, routing.experts), routing.gates, x.dtype)
 
 
 def exchange_capacities(
@@ -126,7 +114,7 @@ def dispatch_expert_parallel(
     x: jax.Array,
     routing: Routing,
     experts: ExpertParams,
-    fn: ExpertFn,
+    fn: GroupedSwiGLU,
     *,
     send_capacity: float | None,
     receive_capacity: float | None,
@@ -173,7 +161,7 @@ def dispatch_expert_parallel(
         kept = valid & (jnp.cumsum(valid) <= recv_per_wave)
         group = jnp.where(kept, recv_ids, n_local)
         order = jnp.argsort(group, stable=True)[:recv_per_wave]
-        out = fn(experts, recv_rows[order], _group_sizes(group, n_local))
+        out = fn.sorted(experts, recv_rows[order], _group_sizes(group, n_local))
         out = jnp.where(kept[order][:, None], out, 0)
         results = jnp.zeros((n * per_wave, out.shape[-1]), out.dtype).at[order].set(out)
 
@@ -185,7 +173,9 @@ def dispatch_expert_parallel(
         return y, jnp.sum(occupied & ~back_kept)
 
     d_out = jax.eval_shape(
-        lambda: fn(experts, jnp.zeros((1, x.shape[-1]), x.dtype), jnp.zeros((n_local,), jnp.int32))
+        lambda: fn.sorted(
+            experts, jnp.zeros((1, x.shape[-1]), x.dtype), jnp.zeros((n_local,), jnp.int32)
+        )
     ).shape[-1]
     # zeros_like: the carry varies over the mesh axes x varies over (shard_map's type check).
     y0 = jnp.zeros_like(x, jnp.float32, shape=(tokens, d_out))
@@ -205,7 +195,7 @@ def dispatch_ragged(
     x: jax.Array,
     routing: Routing,
     experts: ExpertParams,
-    fn: ExpertFn,
+    fn: GroupedSwiGLU,
     *,
     axis_name: str = EXPERT_AXIS,
 ) -> tuple[jax.Array, Drops]:
@@ -238,7 +228,7 @@ def dispatch_ragged(
     recv_rows = there(x[by_dest // k], jnp.zeros((worst, x.shape[-1]), x.dtype))
     recv_ids = there((flat % n_local)[by_dest], jnp.full((worst,), n_local, flat.dtype))
     order = jnp.argsort(recv_ids, stable=True)
-    out = fn(experts, recv_rows[order], _group_sizes(recv_ids, n_local))
+    out = fn.sorted(experts, recv_rows[order], _group_sizes(recv_ids, n_local))
     results = jnp.zeros_like(out).at[order].set(out)
     back = jax.lax.ragged_all_to_all(
         results, jnp.zeros((assignments, out.shape[-1]), out.dtype),

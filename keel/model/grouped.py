@@ -1,8 +1,12 @@
 """Grouped matrix products for the routed experts: rows sorted by expert, each group multiplied by
 its own expert's weights.
 
-Two implementations of one contract, `expert_fn(experts, rows [m, d_e], group_sizes [E]) ->
-[m, d_e]` (rows past sum(group_sizes) give zeros):
+Two implementations (GroupedSwiGLU: RAGGED and BLOCKS), each in the two forms the dispatch needs:
+`sorted(experts, rows [m, d_e], group_sizes [E]) -> [m, d_e]` over rows already sorted by expert
+(rows past sum(group_sizes) give zeros; the expert-parallel exchange delivers rows so), and
+`routed(experts, x [tokens, d_e], expert_ids [tokens, k]) -> [tokens, k, d_e]` straight from the
+tokens (one device). RAGGED's routed form sorts the assignments, runs `sorted` and unsorts;
+BLOCKS' puts the tokens straight into their experts' blocks (no sort at all):
 - "ragged": `jax.lax.ragged_dot`, a native grouped GEMM on GPUs and TPUs. XLA:CPU lowers it
   densely over the groups: measured on this project's 2-core CPU, [4096, 128] x 8 experts of
   [128, 128] took 15.7 ms forward (a dense [4096, 128] x [128, 128] product: 1.3 ms) and 90 ms
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -143,8 +148,43 @@ def blocked_swiglu_routed(
     return every.reshape(tokens, k, -1)
 
 
-def expert_swiglu_for(kind: str) -> Callable:
+SortedFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
+"""(experts, rows [m, d_e] sorted by expert, group_sizes [E] int32) -> [m, d_e]."""
+
+
+@dataclass(frozen=True)
+class GroupedSwiGLU:
+    """One grouped SwiGLU in both forms (module doc)."""
+
+    name: str
+    sorted: SortedFn
+    routed: Callable[[Any, jax.Array, jax.Array], jax.Array]
+    """(experts, x [tokens, d_e], expert_ids [tokens, k] int) -> [tokens, k, d_e]."""
+
+
+def routed_by_sorting(sorted_fn: SortedFn) -> Callable[[Any, jax.Array, jax.Array], jax.Array]:
+    """The routed form of any sorted form: the (token, slot) assignments stably sorted by
+    expert, the token rows gathered in that order, `sorted_fn`, and the outputs unsorted."""
+
+    def routed(experts, x: jax.Array, expert_ids: jax.Array) -> jax.Array:
+        tokens, k = expert_ids.shape
+        n_groups = jax.tree.leaves(experts)[0].shape[0]
+        flat = expert_ids.reshape(-1)
+        order = jnp.argsort(flat, stable=True)
+        group_sizes = jnp.zeros((n_groups,), jnp.int32).at[flat].add(1, mode="drop")
+        out = sorted_fn(experts, x[order // k], group_sizes)
+        inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
+        return out[inverse].reshape(tokens, k, -1)
+
+    return routed
+
+
+RAGGED = GroupedSwiGLU("ragged", ragged_swiglu, routed_by_sorting(ragged_swiglu))
+BLOCKS = GroupedSwiGLU("blocks", blocked_swiglu, blocked_swiglu_routed)
+
+
+def expert_swiglu_for(kind: str) -> GroupedSwiGLU:
     """The grouped SwiGLU for `kind` ("auto", "ragged" or "blocks")."""
     if kind == "auto":
         kind = "ragged" if jax.default_backend() == "tpu" else "blocks"
-    return blocked_swiglu if kind == "blocks" else ragged_swiglu
+    return BLOCKS if kind == "blocks" else RAGGED

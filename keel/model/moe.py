@@ -21,13 +21,12 @@ from keel.model.balance import balance_rule
 from keel.model.config import ModelConfig
 from keel.model.dispatch import (
     Drops,
-    ExpertFn,
     check_expert_parallel,
     dispatch_dropless,
     dispatch_expert_parallel,
     dispatch_ragged,
 )
-from keel.model.grouped import expert_swiglu_for
+from keel.model.grouped import GroupedSwiGLU, expert_swiglu_for
 from keel.model.layers import MlpParams, init_mlp, normal, swiglu
 from keel.model.router import RouterStats, Routing, route, routing_stats
 from keel.model.sharding import BATCH_SPEC, DATA_AXIS, EXPERT_AXIS, FSDP_AXIS, MESH_AXES
@@ -103,7 +102,7 @@ def moe_param_specs(params: MoeParams) -> MoeParams:
 
 
 def _dropless(
-    x: jax.Array, routing: Routing, experts: ExpertParams, fn: ExpertFn
+    x: jax.Array, routing: Routing, experts: ExpertParams, fn: GroupedSwiGLU
 ) -> tuple[jax.Array, None]:
     return dispatch_dropless(x, routing, experts, fn), None
 

@@ -88,6 +88,8 @@ def _gang_program(fn: Callable, args: tuple, key: str) -> tuple[Callable, str]:
     from jax.experimental.serialize_executable import deserialize_and_load, serialize
 
     client = distributed.global_state.client
+    if client is None:  # a gang not made by jax.distributed.initialize: nothing to share through
+        return fn.lower(*args).compile(), "compiled"
     if jax.process_index() == 0:
         hits = _cache_hits()
         compiled = fn.lower(*args).compile()

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from keel.core.errors import ConfigError
 from keel.model.config import ModelConfig
 from keel.model.dispatch import dispatch_dropless
-from keel.model.grouped import ragged_swiglu as expert_swiglu
+from keel.model.grouped import RAGGED as expert_swiglu
 from keel.model.moe import init_moe, moe_forward, moe_param_specs
 from keel.model.router import route, router_metrics
 from keel.model.sharding import EXPERT_AXIS, expert_mesh

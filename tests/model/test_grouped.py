@@ -10,7 +10,14 @@ import pytest
 
 from keel.model.config import ModelConfig
 from keel.model.dispatch import dispatch_dropless
-from keel.model.grouped import block_rows, blocked_swiglu, expert_swiglu_for, ragged_swiglu
+from keel.model.grouped import (
+    BLOCKS,
+    RAGGED,
+    block_rows,
+    blocked_swiglu,
+    expert_swiglu_for,
+    ragged_swiglu,
+)
 from keel.model.moe import ExpertParams, init_moe, moe_forward
 from keel.model.router import route
 
@@ -43,8 +50,8 @@ def test_blocks_equal_ragged_dot_with_uneven_groups(sizes):
 
 def test_auto_picks_blocks_on_cpu():
     assert jax.default_backend() == "cpu"
-    assert expert_swiglu_for("auto") is blocked_swiglu
-    assert expert_swiglu_for("ragged") is ragged_swiglu
+    assert expert_swiglu_for("auto") is BLOCKS
+    assert expert_swiglu_for("ragged") is RAGGED
 
 
 def test_blocks_grow_with_the_rows_per_expert():
@@ -70,10 +77,10 @@ def test_blocks_from_the_tokens_equal_the_sorted_path(skew):
         return jnp.sum(jnp.sin(dispatch(x, routing, experts)))
 
     def fast(x, routing, experts):
-        return dispatch_dropless(x, routing, experts, blocked_swiglu)
+        return dispatch_dropless(x, routing, experts, BLOCKS)
 
     def sorted_ragged(x, routing, experts):
-        return dispatch_dropless(x, routing, experts, ragged_swiglu)
+        return dispatch_dropless(x, routing, experts, RAGGED)
 
     got = fast(x, routing, params.experts)
     want = sorted_ragged(x, routing, params.experts)

@@ -13,7 +13,7 @@ import pytest
 from keel.core.errors import ConfigError
 from keel.model.config import ModelConfig
 from keel.model.dispatch import dispatch_dropless
-from keel.model.grouped import ragged_swiglu
+from keel.model.grouped import RAGGED
 from keel.model.moe import init_moe, moe_forward
 from keel.model.router import route, router_metrics
 from keel.model.sharding import expert_mesh
@@ -108,7 +108,7 @@ def test_send_and_receive_drops_follow_the_policy(devices, waves):
 
     # Dropped assignments contribute zero: dropless with their gates zeroed gives the same y.
     masked = replace(routing, gates=jnp.where(delivered, routing.gates, 0.0))
-    expected = dispatch_dropless(x, masked, params.experts, ragged_swiglu)
+    expected = dispatch_dropless(x, masked, params.experts, RAGGED)
     np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
 
 
