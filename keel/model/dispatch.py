@@ -18,21 +18,12 @@ import jax
 import jax.numpy as jnp
 
 from keel.core.errors import ConfigError
-from keel.model.grouped import GroupedSwiGLU
+from keel.model.grouped import GroupedSwiGLU, count_groups, expert_count
 from keel.model.router import Routing
 from keel.model.sharding import EXPERT_AXIS
 
 if TYPE_CHECKING:
     from keel.model.moe import ExpertParams
-
-
-def _n_experts(experts: ExpertParams) -> int:
-    return jax.tree.leaves(experts)[0].shape[0]
-
-
-def _group_sizes(ids: jax.Array, n_groups: int) -> jax.Array:
-    """[m] int ids in [0, n_groups], n_groups meaning "none" -> [n_groups] int32 counts."""
-    return jnp.zeros((n_groups,), jnp.int32).at[ids].add(1, mode="drop")
 
 
 def _combine(results: jax.Array, gates: jax.Array, dtype: jnp.dtype) -> jax.Array:
@@ -97,7 +88,7 @@ def _send_slots(dest: jax.Array, n: int, c_send: int) -> tuple[jax.Array, jax.Ar
     assignments = dest.shape[0]
     pool = n * c_send
     by_dest = jnp.argsort(dest, stable=True)
-    counts = _group_sizes(dest, n)
+    counts = count_groups(dest, n)
     starts = jnp.cumsum(counts) - counts
     rank_sorted = jnp.arange(assignments, dtype=jnp.int32) - starts[dest[by_dest]]
     pos = jnp.zeros((assignments,), jnp.int32).at[by_dest].set(rank_sorted)
@@ -136,7 +127,7 @@ def dispatch_expert_parallel(
     for training too. Dropped assignments contribute zero.
     """
     n = jax.lax.axis_size(axis_name)
-    n_local = _n_experts(experts)
+    n_local = expert_count(experts)
     tokens, k = routing.experts.shape
     assignments = tokens * k
     c_send, c_recv = exchange_capacities(tokens, k, n, send_capacity, receive_capacity, waves)
@@ -161,7 +152,7 @@ def dispatch_expert_parallel(
         kept = valid & (jnp.cumsum(valid) <= recv_per_wave)
         group = jnp.where(kept, recv_ids, n_local)
         order = jnp.argsort(group, stable=True)[:recv_per_wave]
-        out = fn.sorted(experts, recv_rows[order], _group_sizes(group, n_local))
+        out = fn.sorted(experts, recv_rows[order], count_groups(group, n_local))
         out = jnp.where(kept[order][:, None], out, 0)
         results = jnp.zeros((n * per_wave, out.shape[-1]), out.dtype).at[order].set(out)
 
@@ -204,13 +195,13 @@ def dispatch_ragged(
     of the worst case's n * T_local * k rows. Same contract as dispatch_expert_parallel; the
     Drops are zeros."""
     n = jax.lax.axis_size(axis_name)
-    n_local = _n_experts(experts)
+    n_local = expert_count(experts)
     tokens, k = routing.experts.shape
     assignments = tokens * k
     flat = routing.experts.reshape(-1)
     dest = flat // n_local
     by_dest = jnp.argsort(dest, stable=True)
-    send_sizes = _group_sizes(dest, n)
+    send_sizes = count_groups(dest, n)
     send_offsets = jnp.cumsum(send_sizes) - send_sizes
     recv_sizes = jax.lax.all_to_all(send_sizes, axis_name, 0, 0, tiled=True)
     recv_offsets = jnp.cumsum(recv_sizes) - recv_sizes
@@ -228,7 +219,7 @@ def dispatch_ragged(
     recv_rows = there(x[by_dest // k], jnp.zeros((worst, x.shape[-1]), x.dtype))
     recv_ids = there((flat % n_local)[by_dest], jnp.full((worst,), n_local, flat.dtype))
     order = jnp.argsort(recv_ids, stable=True)
-    out = fn.sorted(experts, recv_rows[order], _group_sizes(recv_ids, n_local))
+    out = fn.sorted(experts, recv_rows[order], count_groups(recv_ids, n_local))
     results = jnp.zeros_like(out).at[order].set(out)
     back = jax.lax.ragged_all_to_all(
         results, jnp.zeros((assignments, out.shape[-1]), out.dtype),

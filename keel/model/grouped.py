@@ -62,6 +62,16 @@ def ragged_swiglu(experts, rows: jax.Array, group_sizes: jax.Array) -> jax.Array
     return jax.lax.ragged_dot(jax.nn.silu(gate) * up, experts.w_down, group_sizes)
 
 
+def expert_count(experts) -> int:
+    """Experts in `experts` (every leaf holds them along axis 0)."""
+    return jax.tree.leaves(experts)[0].shape[0]
+
+
+def count_groups(ids: jax.Array, n_groups: int) -> jax.Array:
+    """[m] int ids in [0, n_groups], n_groups meaning "none" -> [n_groups] int32 counts."""
+    return jnp.zeros((n_groups,), jnp.int32).at[ids].add(1, mode="drop")
+
+
 def block_layout(
     ids: jax.Array, n_groups: int, block: int, group_sizes: jax.Array | None = None
 ) -> BlockLayout:
@@ -140,7 +150,7 @@ def blocked_swiglu_routed(
     blocked_swiglu with no rows sorted first: one gather from x into the blocks and one out of
     them (no argsort, no scatter of rows, no unsorting)."""
     tokens, k = expert_ids.shape
-    n_groups = jax.tree.leaves(experts)[0].shape[0]
+    n_groups = expert_count(experts)
     ids = expert_ids.reshape(-1)
     layout = block_layout(ids, n_groups, block or block_rows(ids.shape[0], n_groups))
     out = _through_blocks(experts, x, layout.source // k, layout)  # padding: past the tokens
@@ -168,11 +178,9 @@ def routed_by_sorting(sorted_fn: SortedFn) -> Callable[[Any, jax.Array, jax.Arra
 
     def routed(experts, x: jax.Array, expert_ids: jax.Array) -> jax.Array:
         tokens, k = expert_ids.shape
-        n_groups = jax.tree.leaves(experts)[0].shape[0]
         flat = expert_ids.reshape(-1)
         order = jnp.argsort(flat, stable=True)
-        group_sizes = jnp.zeros((n_groups,), jnp.int32).at[flat].add(1, mode="drop")
-        out = sorted_fn(experts, x[order // k], group_sizes)
+        out = sorted_fn(experts, x[order // k], count_groups(flat, expert_count(experts)))
         inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
         return out[inverse].reshape(tokens, k, -1)
 
