@@ -15,6 +15,8 @@ BLOCKS' puts the tokens straight into their experts' blocks (no sort at all):
   with each block's expert weights gathered ([blocks, d_e, f] per matrix). The block grows with
   the rows (`block_rows`: about m / (8 E), at least 64), so padding stays under E x block ~ m / 8
   rows and the gathered weights under ~9x one layer's expert weights, whatever the model size.
+  Rows enter the blocks and leave them through `gather_rows`, whose gradient is a gather as
+  well (the layout knows each map's inverse), not a scatter-add.
 "auto" picks "ragged" on TPU, where ragged_dot is a native grouped GEMM, and "blocks" on CPU
 and GPU: jaxlib 0.10's GPU lowering of ragged_dot also multiplies every row by every expert
 unless XLA_FLAGS=--xla_gpu_experimental_use_ragged_dot_fusion=true (benchmarks/train_bench.py
@@ -120,10 +122,35 @@ def swiglu_blocks(experts, blocks: jax.Array, block_group: jax.Array) -> jax.Arr
     return per_block(hidden, experts.w_down)
 
 
-def _through_blocks(experts, rows: jax.Array, row_of: jax.Array, layout: BlockLayout):
-    """The padded rows are rows[row_of] (zero where row_of is past the rows), run through their
-    experts -> [padded_rows, d_e]."""
-    buffer = jnp.take(rows, row_of, axis=0, mode="fill", fill_value=0)
+@jax.custom_vjp
+def gather_rows(x: jax.Array, index: jax.Array, spread: jax.Array) -> jax.Array:
+    """x [n, d] -> [len(index), d]: row p is x[index[p]], zeros where index[p] >= n. `spread`
+    [n, fan] int lists, for each row r of x, every p with index[p] == r (entries >= len(index)
+    where fewer): the inverse map, which the layouts here know. The gradient is then a gather
+    too (dx[r] = the sum over spread[r] of dy), where JAX's own is a scatter-add: XLA:CPU runs a
+    scatter row by row (the blocks layer's backward took 2-3x its forward) and GPUs with
+    atomics."""
+    return jnp.take(x, index, axis=0, mode="fill", fill_value=0)
+
+
+def _gather_rows_forward(x, index, spread):
+    return gather_rows(x, index, spread), spread
+
+
+def _gather_rows_backward(spread, dy):
+    dx = jnp.take(dy, spread, axis=0, mode="fill", fill_value=0).sum(axis=1)
+    return dx, None, None
+
+
+gather_rows.defvjp(_gather_rows_forward, _gather_rows_backward)
+
+
+def _through_blocks(experts, rows: jax.Array, layout: BlockLayout, fan: int = 1) -> jax.Array:
+    """The padded rows (rows[layout.source // fan], zero for padding) run through their
+    experts -> [padded_rows, d_e]. Each row of `rows` fills `fan` consecutive slots of
+    layout.slot (the routed form: a token's k assignments)."""
+    spread = layout.slot.reshape(rows.shape[0], fan)
+    buffer = gather_rows(rows, layout.source // fan, spread)
     width = buffer.shape[-1]
     out = swiglu_blocks(experts, buffer.reshape(-1, layout.block, width), layout.block_group)
     return out.reshape(buffer.shape[0], -1)
@@ -138,8 +165,8 @@ def blocked_swiglu(
     n_groups = group_sizes.shape[0]
     ids = jnp.searchsorted(jnp.cumsum(group_sizes), jnp.arange(m), side="right")
     layout = block_layout(ids, n_groups, block or block_rows(m, n_groups), group_sizes)
-    out = _through_blocks(experts, rows, layout.source, layout)
-    return jnp.take(out, layout.slot, axis=0, mode="fill", fill_value=0)
+    out = _through_blocks(experts, rows, layout)
+    return gather_rows(out, layout.slot, layout.source[:, None])
 
 
 def blocked_swiglu_routed(
@@ -153,8 +180,8 @@ def blocked_swiglu_routed(
     n_groups = expert_count(experts)
     ids = expert_ids.reshape(-1)
     layout = block_layout(ids, n_groups, block or block_rows(ids.shape[0], n_groups))
-    out = _through_blocks(experts, x, layout.source // k, layout)  # padding: past the tokens
-    every = out.at[layout.slot].get(mode="promise_in_bounds")  # every row is routed
+    out = _through_blocks(experts, x, layout, fan=k)  # padding: past the tokens
+    every = gather_rows(out, layout.slot, layout.source[:, None])  # every row is routed
     return every.reshape(tokens, k, -1)
 
 

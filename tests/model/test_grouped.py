@@ -1,13 +1,16 @@
 """The two grouped-matmul implementations agree: outputs and gradients, uneven and empty groups."""
 
+import re
 from dataclasses import replace
 from functools import partial
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from keel.model import grouped
 from keel.model.config import ModelConfig
 from keel.model.dispatch import dispatch_dropless
 from keel.model.grouped import (
@@ -15,6 +18,7 @@ from keel.model.grouped import (
     RAGGED,
     block_rows,
     blocked_swiglu,
+    blocked_swiglu_routed,
     expert_swiglu_for,
     ragged_swiglu,
 )
@@ -111,3 +115,43 @@ def test_the_moe_layer_takes_the_fast_path_for_blocks():
         strict=True,
     ):  # fmt: skip
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["sorted", "routed"])
+def test_the_blocks_backward_gathers_rows_and_scatters_none(form):
+    """The rows' way into the blocks and out is a pair of gathers whose gradients are gathers
+    (gather_rows): the backward scatters no rows (its only scatters add the blocks' weight
+    gradients into each expert's; the layout's integer one is the forward's) and equals JAX's
+    scatter-add gradient."""
+    config = ModelConfig(d_model=16, n_routed_experts=4, top_k=3, expert_ffn_dim=8, init_std=0.3)
+    experts = init_moe(jax.random.key(0), config).experts
+    x = jax.random.normal(jax.random.key(1), (40, 16))
+    if form == "sorted":
+        sizes = jnp.array([9, 0, 17, 10], jnp.int32)  # 36 of the 40 rows: 4 rows of padding
+        fn = partial(blocked_swiglu, group_sizes=sizes, block=8)
+    else:
+        ids = jax.random.randint(jax.random.key(2), (40, 3), 0, 4)
+        fn = partial(blocked_swiglu_routed, expert_ids=ids, block=8)
+
+    def loss(experts, x):
+        return jnp.sum(jnp.sin(fn(experts, x)))
+
+    gradient = jax.grad(loss, argnums=(0, 1))
+    text = jax.jit(gradient).lower(experts, x).as_text()
+    scattered = re.findall(r"stablehlo\.scatter\"\(.*?\) -> tensor<([^>]*)>", text, re.DOTALL)
+    weights = {"x".join(map(str, leaf.shape)) + "xf32" for leaf in jax.tree.leaves(experts)}
+    assert [shape for shape in scattered if shape.endswith("i32")]  # the layout's, found
+    assert {shape for shape in scattered if not shape.endswith("i32")} <= weights
+    with_scatters = jax.grad(partial(_scatter_gradients, fn), argnums=(0, 1))(experts, x)
+    for got, want in zip(*map(jax.tree.leaves, (gradient(experts, x), with_scatters)), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _plain_take(rows, index, spread):
+    return jnp.take(rows, index, axis=0, mode="fill", fill_value=0)
+
+
+def _scatter_gradients(fn, experts, x):
+    """`loss` with gather_rows replaced by a plain take, whose gradient JAX makes a scatter-add."""
+    with mock.patch.object(grouped, "gather_rows", _plain_take):
+        return jnp.sum(jnp.sin(fn(experts, x)))
