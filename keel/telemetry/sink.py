@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from keel.telemetry.client import Telemetry, connect
+if TYPE_CHECKING:
+    from keel.telemetry.client import Telemetry
 
 TOKEN_ENV = "KEEL_TELEMETRY_TOKEN"
 TARGET_ENV = "KEEL_TELEMETRY"
@@ -38,6 +39,8 @@ METRICS_SCHEMA = pa.schema(
 
 def open_target(target: str) -> Telemetry:
     """A client for a store directory or server URL, with the token from the environment."""
+    from keel.telemetry.client import connect  # the store and its engine: only when writing
+
     return connect(target, token=os.environ.get(TOKEN_ENV))
 
 
