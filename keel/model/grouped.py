@@ -127,9 +127,9 @@ def gather_rows(x: jax.Array, index: jax.Array, spread: jax.Array) -> jax.Array:
     """x [n, d] -> [len(index), d]: row p is x[index[p]], zeros where index[p] >= n. `spread`
     [n, fan] int lists, for each row r of x, every p with index[p] == r (entries >= len(index)
     where fewer): the inverse map, which the layouts here know. The gradient is then a gather
-    too (dx[r] = the sum over spread[r] of dy), where JAX's own is a scatter-add: XLA:CPU runs a
-    scatter row by row (the blocks layer's backward took 2-3x its forward) and GPUs with
-    atomics."""
+    too (dx[r] = the sum over spread[r] of dy), where JAX's own is a scatter-add, which XLA:CPU
+    runs row by row and GPUs with atomics (tiny-moe's dispatch, forward + backward on 2 cores:
+    28.4 ms with scatter-adds, 18.2 ms with these gathers)."""
     return jnp.take(x, index, axis=0, mode="fill", fill_value=0)
 
 
