@@ -201,15 +201,17 @@ class GroupedSwiGLU:
 
 def routed_by_sorting(sorted_fn: SortedFn) -> Callable[[Any, jax.Array, jax.Array], jax.Array]:
     """The routed form of any sorted form: the (token, slot) assignments stably sorted by
-    expert, the token rows gathered in that order, `sorted_fn`, and the outputs unsorted."""
+    expert, the token rows gathered in that order, `sorted_fn`, and the outputs unsorted (both
+    through gather_rows: the permutation and its inverse are known, so no scatter-add)."""
 
     def routed(experts, x: jax.Array, expert_ids: jax.Array) -> jax.Array:
         tokens, k = expert_ids.shape
         flat = expert_ids.reshape(-1)
         order = jnp.argsort(flat, stable=True)
-        out = sorted_fn(experts, x[order // k], count_groups(flat, expert_count(experts)))
         inverse = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=order.dtype))
-        return out[inverse].reshape(tokens, k, -1)
+        rows = gather_rows(x, order // k, inverse.reshape(tokens, k))  # a token's k sorted places
+        out = sorted_fn(experts, rows, count_groups(flat, expert_count(experts)))
+        return gather_rows(out, inverse, order[:, None]).reshape(tokens, k, -1)
 
     return routed
 
