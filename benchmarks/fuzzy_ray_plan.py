@@ -123,7 +123,7 @@ def measure(source: Path, work: Path, workers: int) -> dict:
     flow_log.setLevel(logging.DEBUG)
     try:
         began = time.perf_counter()
-        fuzzy.run_fuzzy_dedup(
+        report = fuzzy.run_fuzzy_dedup(
             str(source),
             str(work / "out"),
             fuzzy.FuzzyDedupConfig(max_source_drop=dedup_bench.KEEL_MAX_SOURCE_DROP),
@@ -134,14 +134,13 @@ def measure(source: Path, work: Path, workers: int) -> dict:
         flow_log.removeHandler(lines)
         backend.close()
     seconds["write"] = total - sum(seconds.values())
-    report = json.loads((work / "out" / "stage.json").read_text())
     return {
         "ray_start_s": ray_start,
         "total_s": total,
         "phases_s": dict(seconds),
         "stages": lines.stages,
         "collected": collected,
-        "removed": report.get("removed", report.get("dropped")),
+        "removed": sum(report.dropped.values()),
         "driver_peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
 
@@ -190,14 +189,12 @@ def plan(
 
 
 def render(run: dict, result: dict, workers: int) -> str:
-    removed = run["removed"]
-    removed = sum(removed.values()) if isinstance(removed, dict) else removed
     collected = run["collected"]
     lines = [
         f"{result['documents']:,} documents, {result['text_bytes'] / 1e6:,.1f} MB of text "
         f"({result['mean_text_bytes']:,.0f} bytes each), {result['parquet_bytes'] / 1e6:,.1f} MB "
         f"of zstd Parquet; Ray on {workers} cpus (start and warm-up {run['ray_start_s']:.1f} s, "
-        f"not in the phases); run {run['total_s']:.2f} s, {removed:,} removed.",
+        f"not in the phases); run {run['total_s']:.2f} s, {run['removed']:,} removed.",
         "",
         "| phase | where | seconds | cpu-seconds per million documents | hours for the target |",
         "| --- | --- | ---: | ---: | ---: |",
