@@ -1,7 +1,9 @@
 """`keel job list`: the submitted jobs of a controller's state database, newest first.
 
-A read of the jobs table only (no tasks, no events), so listing stays one indexed query however
-many jobs there are; `keel job status ID` tells a job's whole story.
+A read of the jobs table only (no tasks, no events): one query that walks the jobs newest first
+(the seq index) and stops at its limit, however many jobs there are; with --state it skips the
+jobs in other states on the way (state is not indexed: keel.cluster.state says why).
+`keel job status ID` tells a job's whole story.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ a controller killed mid-run."""
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ from keel.cluster.checkpoint import BACKSTOP_PAGES
 from keel.cluster.controller import Controller
 from keel.cluster.local import LocalBackend
 from keel.cluster.spec import JobSpec, Priority, Resources, entry_point_command
-from keel.cluster.state import job_events, job_status, submit
+from keel.cluster.state import connect, job_events, job_status, submit
 from keel.core.errors import UsageError
 from keel.telemetry import TelemetryStore
 
@@ -312,3 +313,24 @@ def test_the_controller_freezes_its_loaded_heap_and_collects_the_young_rarely(tm
     control.tick()
     assert gc.get_threshold()[0] >= heap.YOUNG and gc.get_freeze_count() > 0
     control.close()
+
+
+def test_an_older_databases_state_indexes_are_dropped_and_its_queue_still_runs(tmp_path):
+    database = connect(tmp_path / "state.db")
+    job = submit(database, shell("true"))
+    database.execute("CREATE INDEX jobs_by_state ON jobs (state, priority, seq, id)")  # an
+    database.execute("CREATE INDEX attempts_by_state ON attempts (state)")  # older keel's
+    database.close()
+    control = controller(tmp_path)
+    indexes = control.database.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE '%by_state'"
+    ).fetchall()
+    assert indexes == []  # each start and end of a job no longer rewrites index entries
+    control.tick()
+    assert control.active_jobs() == 1
+    run_until(control, lambda: states(control, job) == ["succeeded"])
+    assert control.active_jobs() == 0
+    control.close()
+    assert sqlite3.connect(tmp_path / "state.db").execute("PRAGMA integrity_check").fetchone() == (
+        "ok",
+    )
