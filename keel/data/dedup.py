@@ -95,26 +95,26 @@ def run_exact_dedup(
             .group_batches(TEXT_KEY, later_copies, num_shards=num_shards)
             .to_table(options=options)
         )
+        removed = table_or_empty(found, REMOVED_SCHEMA)
         positions = _positions(found)
         order = np.argsort(positions, kind="stable")  # the removed rows in input order
         with futures.ThreadPoolExecutor(1) as side:
             # removed.parquet is put in order and written while the workers run pass 2
-            removed = side.submit(_write_in_order, staging, found, order)
+            written = side.submit(lambda: write_removed(staging, removed.take(order)))
             # pass 2, whole documents: all but those, in input order
             result = (
                 inputs.read_documents(input, positions=True)
                 .map_batches(functools.partial(without_places, places=positions[order]))
                 .write_parquet(staging, options=options, commit=False)
             )
-            removed.result()
+            written.result()
         report = documents.StageReport(
             STAGE,
             documents_in=result.stages[0].rows_in,
             documents_out=result.rows,
             details={"config": asdict(config)},
         )
-        first = order[: documents.DROPPED_SAMPLE]
-        sample = table_or_empty(found, REMOVED_SCHEMA).column("id").take(first).to_pylist()
+        sample = removed.column("id").take(order[: documents.DROPPED_SAMPLE]).to_pylist()
         report.drop(REASON, sample, count=len(order))
         report.write(staging)
     return report
@@ -171,11 +171,6 @@ def later_copies(rows: pa.Table, starts: np.ndarray) -> pa.Table:
             inputs.POSITION_COLUMN: rows.column(inputs.POSITION_COLUMN).take(later),
         }
     )
-
-
-def _write_in_order(output: str, found: pa.Table, order: np.ndarray) -> None:
-    """Write removed.parquet: the collected rows of `later_copies` taken in `order`."""
-    write_removed(output, table_or_empty(found, REMOVED_SCHEMA).take(order))
 
 
 def _positions(found: pa.Table) -> np.ndarray:
