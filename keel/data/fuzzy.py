@@ -6,13 +6,13 @@
 
 How (four passes over the input, each on keel/flow workers):
 1. Signatures and buckets: workers compute each document's MinHash signature (minhash.py) and its
-   band keys; a group_by on the band key collects each bucket; buckets of two or more documents
-   come back to the coordinator as lists of ids in input order. Only (band key, id) pairs are
-   shuffled, 14 small rows per document.
+   band keys; a group_batches on the band key collects each bucket; buckets of two or more
+   documents come back to the coordinator as lists of ids in input order. Only (band key, id)
+   pairs are shuffled, 14 small rows per document.
 2. Candidates: the documents found in some bucket are read again and their shingle sets computed
-   (the sorted unique hashes of their word n-grams), which gives the coordinator their input
-   order, sources and shingles (a few percent of a real corpus: near-duplicate candidates, not
-   documents, are what the coordinator holds).
+   (minhash.shingle_sets: the sorted distinct 32-bit hashes of their word n-grams), which gives
+   the coordinator their input order, sources and shingles (a few percent of a real corpus:
+   near-duplicate candidates, not documents, are what the coordinator holds).
 3. Sources: documents per source, counted from the source column alone.
 4. The kept documents: the input without the removed ids, written by keel/flow.
 Between 2 and 4 the coordinator verifies and clusters the candidates (fuzzy_clusters.py): each is
@@ -68,7 +68,6 @@ from keel.data.fuzzy_clusters import (
 )
 from keel.data.inputs import Input
 from keel.flow import RunOptions, pooled
-from keel.flow.ops import Row
 
 STAGE = "fuzzy_dedup"
 REASON = "near_duplicate"
@@ -226,7 +225,7 @@ def find_buckets(
     num_shards = config.num_shards or max(1, docs.source.num_shards)
     table = (
         docs.map_batches(functools.partial(band_rows, config=config))
-        .group_by(_BAND, bucket_members, num_shards=num_shards)
+        .group_batches(_BAND, bucket_members, num_shards=num_shards)
         .to_table(options=options)
     )
     members = table.column("members").to_pylist() if table.num_rows else []
@@ -246,11 +245,15 @@ def band_rows(batch: pa.RecordBatch, config: FuzzyDedupConfig) -> pa.RecordBatch
     )
 
 
-def bucket_members(key: int, rows: list[Row]) -> Row | None:
-    """group_by reducer: the ids of a bucket, in input order, when it holds two or more."""
-    if len(rows) < 2:
-        return None
-    return {"members": [row[documents.ID_COLUMN] for row in rows]}
+def bucket_members(rows: pa.Table, starts: np.ndarray) -> pa.Table:
+    """group_batches reducer: the ids of each bucket (a run of one band key) of two or more
+    documents, in input order: a table of one `members` list per such bucket."""
+    runs = np.diff(np.append(starts, rows.num_rows))
+    shared = runs >= 2
+    members = rows.column(documents.ID_COLUMN).take(np.flatnonzero(np.repeat(shared, runs)))
+    offsets = np.concatenate([[0], np.cumsum(runs[shared])]).astype(np.int32)
+    lists = pa.ListArray.from_arrays(pa.array(offsets), members.combine_chunks())
+    return pa.table({"members": lists})
 
 
 # -- pass 2 and clustering: candidates only -------------------------------------------------------
@@ -261,14 +264,14 @@ def candidate_shingles(
     config: FuzzyDedupConfig,
     options: RunOptions | None,
 ) -> pa.Table:
-    """Rows (id, source, shingles: the sorted unique uint64 hashes of the document's shingles) of
+    """Rows (id, source, shingles: the document's sorted distinct shingles, minhash.shingle_sets) of
     every input document whose id is in `candidates`, in input order (repeated ids included)."""
     if not candidates:
         return pa.table(
             {
                 "id": pa.array([], pa.string()),
                 "source": pa.array([], pa.string()),
-                "shingles": pa.array([], pa.list_(pa.uint64())),
+                "shingles": pa.array([], pa.list_(pa.uint32())),
             }
         )
     wanted = pc.field(documents.ID_COLUMN).isin(pa.array(candidates, pa.string()))
@@ -280,15 +283,10 @@ def candidate_shingles(
 
 
 def shingle_rows(batch: pa.RecordBatch, config: FuzzyDedupConfig) -> pa.RecordBatch:
-    """map_batches: documents -> (id, source, shingles: list of sorted unique uint64)."""
-    words = minhash.normalized_words(batch.column(documents.TEXT_COLUMN))
-    hashes, offsets = minhash.shingle_hashes(words, config.ngram)
-    unique = [np.unique(hashes[offsets[d] : offsets[d + 1]]) for d in range(batch.num_rows)]
-    sizes = np.array([len(values) for values in unique], dtype=np.int64)
-    flat = np.concatenate(unique) if unique else np.zeros(0, np.uint64)
+    """map_batches: documents -> (id, source, shingles: list of sorted distinct uint32)."""
+    flat, offsets = minhash.shingle_sets(batch.column(documents.TEXT_COLUMN), config.ngram)
     lists = pa.ListArray.from_arrays(
-        pa.array(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)),
-        pa.array(flat, pa.uint64()),
+        pa.array(offsets.astype(np.int32)), pa.array(flat, pa.uint32())
     )
     names = batch.schema.names
     source = (
@@ -317,11 +315,10 @@ def cluster(
     first = {doc_id: row for row, doc_id in reversed(list(enumerate(ids)))}
     order = sorted(first.values())  # candidate index -> its first row; index order = input order
     index = {ids[row]: number for number, row in enumerate(order)}
-    column = found.column("shingles")
-    shingles = [
-        np.asarray(column[row].values.to_numpy(zero_copy_only=False), dtype=np.uint64)
-        for row in order
-    ]
+    column = found.column("shingles").combine_chunks()
+    flat = column.values.to_numpy()
+    starts = column.offsets.to_numpy()
+    shingles = [flat[starts[row] : starts[row + 1]] for row in order]
     clustering = link_to_representatives(
         [[index[doc_id] for doc_id in bucket] for bucket in buckets], shingles, threshold
     )

@@ -3,12 +3,13 @@ removed document linked to the kept document (its cluster's representative) it i
 the evidence of every removal, and what each source lost.
 
 Representatives, in input order: a candidate is compared with the representatives that share an
-LSH bucket with it (all earlier in input order); when the true Jaccard of their shingle sets (the
-hashes of minhash.py's word n-grams, so the sets MinHash estimates) is at least `threshold` with
-one of them, it is removed and linked to the most similar (the earliest on a tie); otherwise it
-becomes a representative itself. So a document is removed only for its similarity to the one
-kept: with A ~ B, B ~ C and A !~ C, B is removed as a copy of A and C is kept, where connected
-components would have removed C through B. A bucket of n copies of one text costs n comparisons.
+LSH bucket with it (all earlier in input order); when the true Jaccard of their shingle sets
+(minhash.shingle_sets: 32-bit hashes of the word n-grams whose Jaccard MinHash estimates) is at
+least `threshold` with one of them, it is removed and linked to the most similar (the earliest on
+a tie); otherwise it becomes a representative itself. So a document is removed only for its
+similarity to the one kept: with A ~ B, B ~ C and A !~ C, B is removed as a copy of A and C is
+kept, where connected components would have removed C through B. A bucket of n copies of one
+text costs n comparisons.
 
 The evidence table (evidence.parquet) holds one row per removal: the removed and the kept id,
 the true Jaccard, the shingles they share and each one's shingle count, so a reader can recompute
@@ -62,7 +63,7 @@ class Clustering:
 
 
 def shared_count(left: np.ndarray, right: np.ndarray) -> int:
-    """Elements two sorted, unique uint64 arrays share."""
+    """Elements two sorted arrays of distinct integers share."""
     if len(left) > len(right):
         left, right = right, left
     if len(left) == 0:
