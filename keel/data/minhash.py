@@ -67,35 +67,40 @@ def shingle_hashes(words: pa.ListArray, ngram: int) -> tuple[np.ndarray, np.ndar
     """Hashes of every document's word n-grams, in order: flat uint64 [n_shingles], and the index
     of each document's first shingle, int64 [n_docs + 1] (document d owns
     shingles[offsets[d]:offsets[d + 1]], empty when it has no words)."""
-    flat = pc.list_flatten(words)
-    nonempty = pc.greater(pc.binary_length(flat), 0)  # the split leaves "" at the ends
-    parents = pc.list_parent_indices(words).to_numpy()[nonempty.to_numpy(zero_copy_only=False)]
-    flat = flat.filter(nonempty)
+    encoded = pc.list_flatten(words).dictionary_encode()
+    indices = encoded.indices.to_numpy()
+    parents = pc.list_parent_indices(words).to_numpy()
+    empty = pc.index(encoded.dictionary, "").as_py()  # the split leaves "" at the ends
+    if empty >= 0:
+        kept = indices != empty
+        indices, parents = indices[kept], parents[kept]
     lengths = np.bincount(parents, minlength=len(words)).astype(np.int64)
     word_offsets = np.concatenate([[0], np.cumsum(lengths)])
     counts = np.where(lengths >= ngram, lengths - ngram + 1, np.minimum(lengths, 1))
     offsets = np.concatenate([[0], np.cumsum(counts)])
-    if len(flat) == 0:
+    if len(indices) == 0:
         return np.zeros(0, dtype=np.uint64), offsets
-    encoded = flat.dictionary_encode()
     vocabulary = encoded.dictionary.cast(pa.binary()).to_pylist()
     word_hashes = np.fromiter(
         (xxhash.xxh3_64_intdigest(word) for word in vocabulary),
         dtype=np.uint64,
         count=len(vocabulary),
-    )[encoded.indices.to_numpy()]
+    )[indices]
+    windows = _ngram_windows(word_hashes, word_offsets, ngram)
+    if len(windows) == offsets[-1]:  # no document of 1 to ngram - 1 words
+        return _fmix64(windows), offsets
     hashes = np.empty(offsets[-1], dtype=np.uint64)
     full = np.repeat(lengths >= ngram, counts)  # which shingles are whole n-grams
-    hashes[full] = _ngram_windows(word_hashes, word_offsets, lengths, ngram)
+    hashes[full] = windows
     hashes[~full] = _whole_texts(word_hashes, word_offsets, lengths, ngram)
     return _fmix64(hashes), offsets
 
 
-def _ngram_windows(
-    word_hashes: np.ndarray, word_offsets: np.ndarray, lengths: np.ndarray, ngram: int
-) -> np.ndarray:
+def _ngram_windows(word_hashes: np.ndarray, word_offsets: np.ndarray, ngram: int) -> np.ndarray:
     """The polynomial hash of every n-word window inside a document, in order: windows over the
-    flat word array by slices, then those that cross a document's end dropped."""
+    flat word array by slices, then those that cross a document's end dropped (the last
+    ngram - 1 starts before each document's end: a start that falls in an earlier document is
+    within ngram - 1 of that one's end too)."""
     count = len(word_hashes) - ngram + 1
     if count <= 0:
         return np.zeros(0, dtype=np.uint64)
@@ -103,8 +108,11 @@ def _ngram_windows(
     for k in range(1, ngram):
         windows *= _WORD_MIX
         windows += word_hashes[k : k + count]
-    ends = np.repeat(word_offsets[1:], lengths)[:count]  # the end of each window start's document
-    return windows[np.arange(count) + ngram <= ends]
+    inside = np.ones(count, dtype=bool)
+    for back in range(1, ngram):
+        starts = word_offsets[1:] - back
+        inside[starts[(starts >= 0) & (starts < count)]] = False
+    return windows[inside]
 
 
 def _whole_texts(
@@ -210,9 +218,10 @@ def estimated_jaccard(left: np.ndarray, right: np.ndarray) -> np.ndarray:
 
 
 def _fmix64(values: np.ndarray) -> np.ndarray:
-    """murmur3's 64-bit finalizer: every input bit affects every output bit."""
+    """murmur3's 64-bit finalizer: every input bit affects every output bit (a new array)."""
     values = values ^ (values >> np.uint64(33))
-    values = values * _FMIX_1
-    values = values ^ (values >> np.uint64(33))
-    values = values * _FMIX_2
-    return values ^ (values >> np.uint64(33))
+    values *= _FMIX_1
+    values ^= values >> np.uint64(33)
+    values *= _FMIX_2
+    values ^= values >> np.uint64(33)
+    return values
