@@ -3,8 +3,9 @@
 What it measures: both contenders read the same 2 zstd Parquet files (a few thousand documents cut
 from the WikiText-2 valid and test articles, or --documents N of them from WikiText-2, the Python
 docs pages and spliced originals, with planted near-duplicates and hard negatives),
-find near-duplicates with the same parameters (word 5-grams, 112 permutations, 14 bands of 8
-rows, seed 1) on 2 worker processes, and write the kept documents. Reported per contender, medians
+find near-duplicates with the same parameters (word 5-grams, 112 signature entries, 14 bands of
+8 rows, seed 1; datatrove computes 112 permutations, keel one-permutation MinHash) on 2 worker
+processes, and write the kept documents. Reported per contender, medians
 over --repeats runs: seconds, documents per second, and the precision, recall and F1 of its
 removals against the ground truth.
 
