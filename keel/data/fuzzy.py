@@ -319,12 +319,13 @@ def cluster(
     flat = column.values.to_numpy()
     starts = column.offsets.to_numpy()
     shingles = [flat[starts[row] : starts[row + 1]] for row in order]
+    sizes = np.diff(starts).astype(np.int64)[order]  # [candidates]: each one's shingle count
     clustering = link_to_representatives(
         [[index[doc_id] for doc_id in bucket] for bucket in buckets], shingles, threshold
     )
     kept_of = np.arange(len(order))
     similarity = np.ones(len(order))
-    shared = np.array([len(values) for values in shingles], dtype=np.int64)
+    shared = sizes.copy()  # a kept candidate shares all its shingles with itself
     for link in clustering.links:
         kept_of[link.removed] = link.kept
         similarity[link.removed] = link.jaccard
@@ -338,7 +339,6 @@ def cluster(
     candidate_ids = found.column("id").take(pa.array(order))
     removed_ids = found.column("id").take(pa.array(removed_rows))
     kept_ids = candidate_ids.take(pa.array(kept_of[rows[removed_rows]]))
-    sizes = np.array([len(values) for values in shingles], dtype=np.int64)
     removed = pa.table(
         {
             "id": removed_ids,

@@ -35,6 +35,7 @@ pages every time (signatures 3x slower on the benchmark machine).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -133,12 +134,20 @@ def signatures(
 ) -> np.ndarray:
     """MinHash signatures of a batch of texts: uint32 [n_docs, num_perm]; rows of documents
     without words are all EMPTY."""
-    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
     parts = [np.zeros((0, num_perm), dtype=np.uint32)]
-    for low in range(0, len(texts), _SLICE_DOCS):
-        words = normalized_words(texts.slice(low, _SLICE_DOCS))
-        parts.append(minhash(*shingle_hashes(words, ngram), num_perm, seed))
+    for shingles, offsets in _sliced_shingle_hashes(texts, ngram):
+        parts.append(minhash(shingles, offsets, num_perm, seed))
     return np.concatenate(parts)
+
+
+def _sliced_shingle_hashes(
+    texts: pa.Array | pa.ChunkedArray, ngram: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """`shingle_hashes` of the texts' normalized words, _SLICE_DOCS documents at a time (see the
+    module docstring), in order."""
+    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    for low in range(0, len(texts), _SLICE_DOCS):
+        yield shingle_hashes(normalized_words(texts.slice(low, _SLICE_DOCS)), ngram)
 
 
 def minhash(shingles: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
@@ -184,10 +193,8 @@ def shingle_sets(texts: pa.Array | pa.ChunkedArray, ngram: int) -> tuple[np.ndar
     the top 32 bits of its hash: half the bytes to ship and hold, and two documents of a few
     hundred shingles share a value by accident with odds ~1e-5, which moves their Jaccard by
     1 / (shingles in their union)."""
-    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
     flats, sizes = [np.zeros(0, dtype=np.uint32)], [np.zeros(0, dtype=np.int64)]
-    for low in range(0, len(texts), _SLICE_DOCS):
-        hashes, offsets = shingle_hashes(normalized_words(texts.slice(low, _SLICE_DOCS)), ngram)
+    for hashes, offsets in _sliced_shingle_hashes(texts, ngram):
         counts = np.diff(offsets)
         keys = np.repeat(np.arange(len(counts), dtype=np.uint64) << _HALF, counts)
         keys |= hashes >> _HALF  # (document, shingle): one sort orders both
