@@ -1,9 +1,12 @@
 """Is a process still the one we started? pid plus kernel start time, so a reused pid is not
-mistaken for it (step locks, local cluster tasks, the embedded controller)."""
+mistaken for it (step locks, local cluster tasks, the embedded controller). And how much memory
+this process has held at most."""
 
 from __future__ import annotations
 
 import os
+import resource
+import sys
 
 
 def _proc_stat(pid: int) -> list[str] | None:
@@ -36,3 +39,20 @@ def process_alive(pid: int, start: int | None = None) -> bool:
     if fields[0] in {"Z", "X"}:
         return False  # a zombie has exited; only its parent has not collected it yet
     return start is None or int(fields[19]) == start
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident set in bytes since it started its program.
+
+    Linux: VmHWM from /proc/self/status. Not getrusage's ru_maxrss, which a child started by
+    fork and exec inherits from its parent: a worker of a 600 MB coordinator reported a 600 MB peak
+    before it held any data. Elsewhere ru_maxrss (bytes on macOS, KiB on other systems)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass  # no /proc: fall back to getrusage below
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024

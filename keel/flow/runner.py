@@ -30,7 +30,7 @@ from keel.core import paths
 from keel.core.commit import staged_output
 from keel.core.owned import owner_tag, remove_abandoned
 from keel.core.progress import QUIET, STAGES, ProgressDisplay, ProgressStyle
-from keel.flow import sources
+from keel.flow import memory, sources
 from keel.flow.backends import Backend, make_backend
 from keel.flow.ops import GroupBy, Repartition, WideOp
 from keel.flow.plan import StagePlan
@@ -120,6 +120,7 @@ def execute(
 ) -> FlowResult:
     """Run `stages` over `source` into `output`. A file output that commits itself is staged
     (and its path checked) before the first stage starts."""
+    memory.use_in_this_process()
     if not isinstance(output, FileOutput) or not output.commit:
         return _execute(source, stages, output, options)
     inputs = source.files if isinstance(source, FileSource) else ()
@@ -199,6 +200,7 @@ def pooled(options: RunOptions | None = None) -> Iterator[RunOptions]:
     """`options` with its backend started once, for a job of several runs (a stage with more
     than one pass): worker processes start once instead of once per run. A backend object the
     caller passed is used as it is and left open."""
+    memory.use_in_this_process()
     options = options or RunOptions()
     if not isinstance(options.backend, str):
         yield options

@@ -9,7 +9,6 @@ the files named in the successful attempt's result.
 from __future__ import annotations
 
 import json
-import resource
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -17,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from keel.core import paths
+from keel.core.process import peak_resident_bytes
 from keel.flow.keys import HIDDEN_COLUMNS, KEY_COLUMN
 from keel.flow.ops import (
     Deduplicate,
@@ -218,7 +218,7 @@ class Task:
             result.files = [s.path for s in writer.close().get(0, [])]
         if set_aside is not None:
             result.aside = [s.path for s in set_aside.close().get(0, [])]
-        result.peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        result.peak_rss = peak_resident_bytes()
         return result
 
     def _input(self, directory: str, result: TaskResult) -> Iterator[pa.RecordBatch]:

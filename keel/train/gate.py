@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import resource
 import statistics
 import tempfile
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ from typing import Any
 import jax
 
 from keel.core.errors import KeelError, UsageError
+from keel.core.process import peak_resident_bytes
 from keel.train.config import TrainConfig
 from keel.train.plan import format_bytes, plan_run
 from keel.train.trainer import train
@@ -132,8 +132,8 @@ def run_gate(config: TrainConfig, steps: int, memory_limit: int | None) -> GateR
 
 def _peak_memory() -> tuple[int, str]:
     """(bytes, "device") from the first device's own statistics where it keeps them, else
-    (bytes, "process"): this process's peak resident set (Linux reports KiB)."""
+    (bytes, "process"): this process's peak resident set."""
     stats = jax.local_devices()[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
         return int(stats["peak_bytes_in_use"]), "device"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process"
+    return peak_resident_bytes(), "process"

@@ -11,10 +11,7 @@ executor's), and, unlike multiprocessing's spawn, it does not re-import the call
 script without an `if __name__ == "__main__"` guard works. Tasks travel pickled with cloudpickle,
 so lambdas and functions defined in scripts and experiment files go along.
 
-Workers use the system allocator for Arrow (unless ARROW_DEFAULT_MEMORY_POOL says otherwise):
-mimalloc, pyarrow's default, keeps freed pages, so a reducer's resident memory grew with every
-sub-bucket it processed (252 MB peak for a 40 MB budget on a 200 MB group_by, against 177 MB with
-the system allocator, in the same run on this machine).
+Workers allocate Arrow memory as keel.flow.memory says (jemalloc, freed pages kept ~10 s).
 """
 
 from __future__ import annotations
@@ -29,6 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 
+from keel.flow import memory
 from keel.flow.backends import Attempts, pickle_task
 from keel.flow.tasks import Task, TaskResult
 
@@ -99,8 +97,11 @@ class _Worker:
     def __init__(self) -> None:
         to_child_read, to_child_write = os.pipe()
         from_child_read, from_child_write = os.pipe()
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        environment.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")  # see the module docstring
+        environment = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+            **memory.worker_environment(),
+        }
         self.process = subprocess.Popen(
             [
                 sys.executable,

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from keel.core.errors import UsageError
+from keel.flow import memory
 from keel.flow.backends import Attempts, pickle_task, run_pickled_task
 from keel.flow.tasks import Task, TaskResult
 
@@ -97,6 +98,7 @@ class _RayConnection:
                     include_dashboard=False,
                     log_to_driver=False,
                     configure_logging=False,
+                    runtime_env={"env_vars": memory.worker_environment()},
                 )
                 self._started_here = True
             self._users += 1
