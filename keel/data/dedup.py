@@ -41,7 +41,7 @@ from keel.core import paths
 from keel.core.errors import UsageError
 from keel.data import documents, inputs
 from keel.data.inputs import Input
-from keel.flow import RunOptions, pooled
+from keel.flow import RunOptions, pooled, run_lengths
 
 STAGE = "exact_dedup"
 TEXT_KEY = "__keel_text_key"
@@ -153,7 +153,7 @@ def _text_digests(texts: pa.Array | pa.ChunkedArray) -> list[bytes]:
 def later_copies(rows: pa.Table, starts: np.ndarray) -> pa.Table:
     """group_batches reducer: removed.parquet rows (and places) for every row of a text but the
     first, each naming the first's id."""
-    runs = np.diff(np.append(starts, rows.num_rows))
+    runs = run_lengths(starts, rows.num_rows)
     first = np.repeat(starts, runs)  # [rows]: the row index of each row's first copy
     later = np.flatnonzero(first != np.arange(rows.num_rows))
     ids = rows.column(documents.ID_COLUMN)

@@ -67,7 +67,7 @@ from keel.data.fuzzy_clusters import (
     source_losses,
 )
 from keel.data.inputs import Input
-from keel.flow import RunOptions, pooled
+from keel.flow import RunOptions, pooled, run_lengths
 
 STAGE = "fuzzy_dedup"
 REASON = "near_duplicate"
@@ -248,7 +248,7 @@ def band_rows(batch: pa.RecordBatch, config: FuzzyDedupConfig) -> pa.RecordBatch
 def bucket_members(rows: pa.Table, starts: np.ndarray) -> pa.Table:
     """group_batches reducer: the ids of each bucket (a run of one band key) of two or more
     documents, in input order: a table of one `members` list per such bucket."""
-    runs = np.diff(np.append(starts, rows.num_rows))
+    runs = run_lengths(starts, rows.num_rows)
     shared = runs >= 2
     members = rows.column(documents.ID_COLUMN).take(np.flatnonzero(np.repeat(shared, runs)))
     offsets = np.concatenate([[0], np.cumsum(runs[shared])]).astype(np.int32)

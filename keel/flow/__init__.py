@@ -8,6 +8,7 @@ from keel.flow.backends.local import LocalBackend
 from keel.flow.dataset import Dataset, from_files, from_items, read_jsonl, read_parquet
 from keel.flow.readers import MalformedInputError, SkipLog
 from keel.flow.runner import FlowResult, RunOptions, StageCounters, pooled
+from keel.flow.shuffle import run_lengths
 from keel.flow.tasks import Settings
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "pooled",
     "read_jsonl",
     "read_parquet",
+    "run_lengths",
 ]

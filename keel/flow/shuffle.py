@@ -196,3 +196,9 @@ def run_starts(table: pa.Table, key_name: str) -> np.ndarray:
         both_null = pc.and_(pc.is_null(left), pc.is_null(right))
         changed[same_hash] = pc.and_not(differ, both_null).to_numpy(zero_copy_only=False)
     return np.concatenate([[0], np.flatnonzero(changed) + 1])
+
+
+def run_lengths(starts: np.ndarray, num_rows: int) -> np.ndarray:
+    """The length of each run of a group_batches reducer's table, from its `starts` and row
+    count; [runs], int64."""
+    return np.diff(np.append(starts, num_rows))
