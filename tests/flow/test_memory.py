@@ -62,3 +62,29 @@ def test_group_by_of_5x_the_budget_keeps_worker_rss_bounded(tmp_path):
     # Measured: +65 to +75 MB over the floor for 200 MB or 400 MB of data; with an unlimited
     # budget the same run peaks at +440 MB.
     assert peak - floor < 2 * BUDGET, (peak / MiB, floor / MiB)
+
+
+def _pool_names(batch):
+    import pyarrow as pa
+
+    name = pa.default_memory_pool().backend_name
+    return pa.record_batch({"pool": [name] * batch.num_rows})
+
+
+def test_workers_and_coordinator_allocate_from_jemalloc_unless_the_environment_names_a_pool(
+    tmp_path, monkeypatch
+):
+    import pyarrow as pa
+
+    try:
+        pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        pytest.skip("this pyarrow has no jemalloc")
+    rows = from_items([{"n": n} for n in range(8)], num_shards=2).map_batches(_pool_names)
+    with LocalBackend(workers=2) as backend:
+        assert set(rows.to_table(backend=backend).column("pool").to_pylist()) == {"jemalloc"}
+    assert pa.default_memory_pool().backend_name == "jemalloc"
+
+    monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "system")
+    with LocalBackend(workers=2) as backend:
+        assert set(rows.to_table(backend=backend).column("pool").to_pylist()) == {"system"}
