@@ -5,13 +5,13 @@ jemalloc's own decay time (10 s) instead of pyarrow's choices (mimalloc by defau
 with a 1 s decay when asked for). A task frees its batches and the next one allocates the same
 sizes again; with pages kept, the next task reuses them instead of faulting fresh ones in, which
 on a VM costs far more than the arithmetic on them. Measured on 2M documents of exact dedup
-(docs/benchmarks.md): the workers' page faults fell from ~1.2M to ~0.85M and the run from
-9.1-10.4 s to 7.6-8.0 s. mimalloc, pyarrow's default, backs its segments with transparent huge
-pages: the first read of a 59 MB Parquet file spent 3 s of system time zeroing them. The system
-allocator returns large blocks at once and faults them in again on the next batch. A longer
-decay than 10 s (or none) let a reducer's resident memory grow past its budget (tests/flow/
-test_memory.py: +94 MB with no decay against +68 MB at 10 s and +61 MB with the system
-allocator, for a 40 MB budget).
+(docs/benchmarks.md): the workers' page faults fell from ~1.2M to ~0.85M, standalone runs from
+9.1-10.4 s to 8.3-8.9 s, and the benchmark's ratio to polars from 1.86x to 1.46x. mimalloc,
+pyarrow's default, backs its arenas with transparent huge pages: the first read of a 59 MB
+Parquet file spent 3 s of system time zeroing them. The system allocator returns large blocks
+at once and faults them in again on the next batch. No decay at all halved the faults again but
+let a reducer's resident memory grow past its bound (tests/flow/test_memory.py: +94 MB against
++68 MB at 10 s and +61 MB with the system allocator, for a 40 MB budget and an 80 MB bound).
 
 A process whose environment names a pool (ARROW_DEFAULT_MEMORY_POOL) keeps it, and a pyarrow
 built without jemalloc keeps its default.

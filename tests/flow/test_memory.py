@@ -1,4 +1,5 @@
-"""A group_by over data five times the memory budget finishes with bounded worker memory."""
+"""Worker memory: a group_by over data five times the memory budget finishes with bounded worker
+memory, and flow's processes allocate from the pool keel.flow.memory chooses."""
 
 import json
 import random
