@@ -9,7 +9,11 @@ on a VM costs far more than the arithmetic on them. Measured on 2M documents of 
 9.1-10.4 s to 8.3-8.9 s, and the benchmark's ratio to polars from 1.86x to 1.46x. mimalloc,
 pyarrow's default, backs its arenas with transparent huge pages: the first read of a 59 MB
 Parquet file spent 3 s of system time zeroing them. The system allocator returns large blocks
-at once and faults them in again on the next batch. No decay at all halved the faults again but
+at once and faults them in again on the next batch. The decay matters: at pyarrow's 1 s the
+same workers faulted 1.2-1.3M times and the run took 9.2-10.4 s, against 0.83M and 8.7 s at 10 s
+(alternated runs). Buffers of tens of MB go back at once at any finite decay (368 MB freed in
+32 MB buffers: resident memory back to its start at 1, 10 and 30 s alike); what the longer decay
+keeps are the smaller blocks a batch allocates. No decay at all halved the faults again but
 let a reducer's resident memory grow past its bound (tests/flow/test_memory.py: +94 MB against
 +68 MB at 10 s and +61 MB with the system allocator, for a 40 MB budget and an 80 MB bound).
 
