@@ -37,20 +37,14 @@ def worker_environment() -> dict[str, str]:
     environment chose a pool itself, or pyarrow has no jemalloc)."""
     if POOL_VARIABLE in os.environ or not _has_jemalloc():
         return {}
-    return {
-        POOL_VARIABLE: "jemalloc",
-        JEMALLOC_VARIABLE: os.environ.get(JEMALLOC_VARIABLE, JEMALLOC_SETTINGS),
-    }
+    return {POOL_VARIABLE: "jemalloc", JEMALLOC_VARIABLE: os.environ[JEMALLOC_VARIABLE]}
 
 
 @functools.cache
 def use_in_this_process() -> None:
     """Make jemalloc, with flow's decay, this process's default Arrow pool (once; buffers the
     previous pool allocated stay with it). Nothing where the environment chose a pool."""
-    if POOL_VARIABLE in os.environ:
-        return
-    os.environ.setdefault(JEMALLOC_VARIABLE, JEMALLOC_SETTINGS)  # read when jemalloc starts
-    if _has_jemalloc():
+    if worker_environment():
         import pyarrow as pa
 
         pa.set_memory_pool(pa.jemalloc_memory_pool())
@@ -58,6 +52,9 @@ def use_in_this_process() -> None:
 
 @functools.cache
 def _has_jemalloc() -> bool:
+    """Whether pyarrow has jemalloc. Asking may start this process's jemalloc, which reads its
+    settings then: flow's decay goes into the environment first (a user's own settings win)."""
+    os.environ.setdefault(JEMALLOC_VARIABLE, JEMALLOC_SETTINGS)
     import pyarrow as pa
 
     try:

@@ -200,7 +200,6 @@ def pooled(options: RunOptions | None = None) -> Iterator[RunOptions]:
     """`options` with its backend started once, for a job of several runs (a stage with more
     than one pass): worker processes start once instead of once per run. A backend object the
     caller passed is used as it is and left open."""
-    memory.use_in_this_process()
     options = options or RunOptions()
     if not isinstance(options.backend, str):
         yield options
