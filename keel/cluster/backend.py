@@ -15,7 +15,7 @@ import enum
 import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from keel.core.errors import UsageError
 
@@ -55,8 +55,10 @@ class TaskLaunch:
     gang_dir: str = ""
 
 
-@dataclass(frozen=True)
-class TaskStatus:
+class TaskStatus(NamedTuple):
+    """What `poll` says of one task (a named tuple: a controller reads ~1,000 a tick, and one
+    costs about half what a frozen dataclass does to make)."""
+
     handle: str
     state: TaskState
     exit_code: int | None = None

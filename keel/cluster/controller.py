@@ -60,13 +60,19 @@ from keel.cluster import heap, state
 from keel.cluster.backend import Capacity, ScaleGroup, TaskBackend, TaskState
 from keel.cluster.capacity import take_capacities, write_capacities
 from keel.cluster.checkpoint import BACKSTOP_PAGES, Checkpointer
-from keel.cluster.feed import JobFeed
+from keel.cluster.feed import MAX_SHAPES, JobFeed
 from keel.cluster.launch import KEY, UNSTARTED, JobInfo, Launcher, key, record_assignments
 from keel.cluster.ledger import CapacityLedger
 from keel.cluster.logs import LogStreamer
 from keel.cluster.outcome import gang_outcome, resolve
 from keel.cluster.pending import PendingQueue
-from keel.cluster.scheduler import ClusterView, PendingJob, RunningJob, schedule
+from keel.cluster.scheduler import (
+    ClusterView,
+    Decision,
+    RunningJob,
+    schedule,
+    shape_key,
+)
 from keel.cluster.spec import JobSpec
 from keel.core.errors import KeelError
 
@@ -126,7 +132,8 @@ class Controller:
         self._ends: list[tuple] = []  # job transitions and events of the current transaction
         self._events: list[tuple] = []
         self._requeued: list[str] = []  # jobs back in the queue once the transaction commits
-        self._reasons: dict[str, str] = {}
+        self._reasons: dict[str, str] = {}  # queued jobs' own waiting reasons, as written
+        self._shape_reasons: dict[tuple, str] = {}  # the waiting table's, as written
         self._untried: set[str] = set()  # queued jobs submitted since the start: no attempts yet
         self._totals: dict[str, dict[str, float]] = {}
         # Jobs that left a cluster since its last capacity report: their capacity is coming back
@@ -154,15 +161,14 @@ class Controller:
             self.launcher.write_handles()  # the last tick's launches, before their news
             report.finished, to_cancel = self._reconcile(changes)
             self._apply_capacities(capacities)
-            pending = self._queue.ordered()
-            launches, preempted = self._schedule(pending, report)
+            launches, preempted = self._schedule(report)
         self.checkpointer.committed(self.database)
         for cluster, active in to_cancel:
             self._cancel(cluster, active)
         self._launch(launches)
         for cluster, active in preempted:
             self._cancel(cluster, active)
-        self._autoscale(pending)
+        self._autoscale()
         self.logs.stream()
         report.seconds = time.perf_counter() - began
         return report
@@ -257,7 +263,7 @@ class Controller:
     def _reconcile(self, changes: list[tuple]) -> tuple[int, list[tuple[str, list]]]:
         """Record the attempts' `changes` and move their jobs on, inside the tick's transaction;
         return how many jobs ended and the attempts to cancel once it commits."""
-        changed = {change[4] for change in changes}
+        changed = dict.fromkeys(change[4] for change in changes)  # job ids, in poll order
         jobs = self._jobs_to_reconcile(None if self.ticks == self._first_tick else changed)
         if changes:
             self.database.executemany(
@@ -275,14 +281,16 @@ class Controller:
         self._requeue()
         return finished, to_cancel
 
-    def _jobs_to_reconcile(self, changed: set[str] | None) -> list[dict[str, Any]]:
+    def _jobs_to_reconcile(self, changed: dict[str, None] | None) -> list[dict[str, Any]]:
         """The jobs that may move on: those whose attempts changed this tick (all of them when
-        `changed` is None: the first tick after a start), and those being stopped (an outcome,
-        a cancel request, a preemption)."""
+        `changed` is None: the first tick after a start), then those being stopped (an outcome,
+        a cancel request, a preemption), each once: looked up, not found among the ~1,000
+        running."""
+        running = self._running
         if changed is None:
-            return list(self._running.values())
-        moving = changed | self._stopping
-        return [job for job in self._running.values() if job["id"] in moving]
+            return list(running.values())
+        moving = changed | dict.fromkeys(sorted(self._stopping))
+        return [running[job_id] for job_id in moving if job_id in running]
 
     def _reconcile_jobs(self, jobs: list[dict[str, Any]]) -> tuple[int, list[tuple[str, list]]]:
         """Move `jobs` on from their latest attempts, inside the caller's transaction; return
@@ -464,11 +472,11 @@ class Controller:
             heap.settle()
 
     def _schedule(
-        self, queue: list[PendingJob], report: TickReport
+        self, report: TickReport
     ) -> tuple[list[tuple[dict[str, Any], JobSpec]], list[tuple[str, list]]]:
         """Decide the round (when jobs are queued) and write it, inside the tick's transaction;
         return the attempts to launch and the preempted attempts to cancel once it commits."""
-        if not queue:
+        if not self._queue:
             return [], []
         # Every running job, as the scheduler sees it (kept up to date by `_set_view`), and the
         # jobs that left a cluster since its last report.
@@ -481,9 +489,13 @@ class Controller:
             for name in self.backends
         ]
         decision = schedule(
-            queue, stopping, clusters, self.home, in_order=True, shape_count=self._queue.shapes
+            self._queue.ordered(),
+            stopping,
+            clusters,
+            self.home,
+            in_order=True,
+            shape_count=self._queue.shapes,
         )
-        fresh = self._queue.take_fresh()
         cancels: list[tuple[str, list]] = []
         for job_id, reason in decision.rejections.items():
             self._end(self._rows[job_id], "failed", f"rejected: {reason}")
@@ -503,15 +515,17 @@ class Controller:
             report.preempted += 1
         launches = self._record_assignments(decision.assignments)
         report.launched += len(decision.assignments)
+        self._write_reasons(decision)
+        self._write_ends()
+        self._requeue()
+        return launches, cancels
+
+    def _write_reasons(self, decision: Decision) -> None:
+        """Write why the queued jobs wait, where it changed: the jobs the round looked at, one
+        by one; the tail of the queue it left waiting as a whole, by shape (the waiting table,
+        keel.cluster.state), so a tick writes no row for the ~250 jobs that joined the tail."""
         reasons = self._reasons
         changed = [(r, j) for j, r in decision.waiting.items() if reasons.get(j) != r]
-        # The tail of the queue (decision.tail) keeps its reasons: only jobs new to the queue
-        # get their shape's, so a tick never rewrites 10,000 rows it has no news for.
-        changed += [
-            (decision.blocked[self._jobs[j].pending.shape], j)
-            for j in fresh
-            if j not in decision.waiting and j in self._queue
-        ]
         by_reason: dict[str, list[str]] = {}
         for reason, job_id in changed:
             by_reason.setdefault(reason, []).append(job_id)
@@ -523,9 +537,17 @@ class Controller:
                 ids,
                 parameters=(reason,),
             )
-        self._write_ends()
-        self._requeue()
-        return launches, cancels
+        shapes = self._shape_reasons
+        blocked = [(s, r) for s, r in decision.blocked.items() if shapes.get(s) != r]
+        if blocked:
+            self.database.executemany(
+                "INSERT INTO waiting (shape, reason) VALUES (?, ?) "
+                "ON CONFLICT (shape) DO UPDATE SET reason = excluded.reason",
+                [(shape_key(shape), reason) for shape, reason in blocked],
+            )
+            if len(shapes) >= MAX_SHAPES:  # bounded: forget them all, the next round rewrites
+                shapes.clear()
+            shapes.update(blocked)
 
     def _launch(self, launches: list[tuple[dict[str, Any], JobSpec]]) -> None:
         """Launch recorded attempts (the dicts kept in memory, which the launcher updates);
@@ -597,14 +619,14 @@ class Controller:
             self.launcher.abandon(attempt)
             self._attempts.pop(key(attempt), None)
 
-    def _autoscale(self, pending: list[PendingJob]) -> None:
+    def _autoscale(self) -> None:
         """Size each scale group (the local pool) to the cpus of its work and of the queue."""
         queued: float | None = None
         for name, backend in self.backends.items():
             if not isinstance(backend, ScaleGroup):
                 continue
             if queued is None:
-                queued = sum(job.demand.get("cpu", 0.0) for job in pending)
+                queued = sum(job.demand.get("cpu", 0.0) for job in self._queue.ordered())
             wanted = queued + sum(
                 self._jobs[row["id"]].pending.demand.get("cpu", 0.0)
                 for row in self._running.values()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from keel.cluster.spec import Priority
-from keel.cluster.state import connect
+from keel.cluster.state import connect, reason_of, shape_reasons
 from keel.core.errors import UsageError
 
 JOB_STATES = ("pending", "running", "preempted", "succeeded", "failed", "cancelled")
@@ -35,7 +35,7 @@ def list_jobs(
     try:
         query = (
             "SELECT id, name, state, cluster, priority, reason, submitted_at, started_at, "
-            "ended_at FROM jobs"
+            "ended_at, spec FROM jobs"
         )
         arguments: list[Any] = []
         if job_state is not None:
@@ -46,8 +46,11 @@ def list_jobs(
             query += " LIMIT ?"
             arguments.append(limit)
         rows = [dict(row) for row in database.execute(query, arguments)]
+        reasons = shape_reasons(database)
     finally:
         database.close()
     for row in rows:
         row["priority"] = Priority(row["priority"]).name.lower()
+        row["reason"] = reason_of(row, reasons)
+        del row["spec"]
     return rows

@@ -8,6 +8,9 @@ priority band first (production, interactive, batch), then submission sequence.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from itertools import chain
+
 from keel.cluster.scheduler import PendingJob
 from keel.cluster.spec import Priority
 
@@ -22,7 +25,6 @@ class PendingQueue:
         self._unsorted: set[Priority] = set()
         self._band_of: dict[str, Priority] = {}  # job id -> its band
         self._shapes: dict[tuple, int] = {}  # PendingJob.shape -> jobs of that shape queued
-        self._fresh: set[str] = set()  # queued since the last `take_fresh`
 
     def __len__(self) -> int:
         return len(self._band_of)
@@ -44,7 +46,6 @@ class PendingQueue:
         band[job.job_id] = job
         self._band_of[job.job_id] = job.priority
         self._shapes[job.shape] = self._shapes.get(job.shape, 0) + 1
-        self._fresh.add(job.job_id)
 
     def remove(self, job_id: str) -> None:
         """Take a job out of the queue (no-op when it is not queued)."""
@@ -57,22 +58,15 @@ class PendingQueue:
             self._shapes[job.shape] = left
         else:
             del self._shapes[job.shape]
-        self._fresh.discard(job_id)
 
-    def take_fresh(self) -> set[str]:
-        """The jobs queued since the last call (new or requeued), still queued."""
-        fresh, self._fresh = self._fresh, set()
-        return fresh
-
-    def ordered(self) -> list[PendingJob]:
-        """Every queued job, in queue order."""
+    def ordered(self) -> Iterator[PendingJob]:
+        """Every queued job, in queue order, as an iterator (a scheduling round reads the head
+        of the queue: no list of 10,000 jobs is made each tick); valid until the queue
+        changes."""
         for priority in self._unsorted:
             band = self._bands[priority]
             self._bands[priority] = {
                 job.job_id: job for job in sorted(band.values(), key=lambda j: j.sequence)
             }
         self._unsorted.clear()
-        ordered: list[PendingJob] = []
-        for priority in Priority:  # production first
-            ordered += self._bands[priority].values()
-        return ordered
+        return chain.from_iterable(self._bands[priority].values() for priority in Priority)

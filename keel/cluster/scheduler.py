@@ -12,15 +12,17 @@ For each pending job, in priority order (production, interactive, batch) and the
 Within a round a job shape that did not fit once does not fit again, so once every shape in the
 queue is blocked the rest of the queue (no production job among it) is only waiting: given
 `shape_count` (how many distinct shapes the queue holds), the round stops there and the decision
-names that tail and each shape's reason instead of listing 10,000 waiting jobs one by one.
+gives each shape's reason instead of listing 10,000 waiting jobs one by one.
 Nothing here touches a database or a backend; the controller applies the decision.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
+
+import orjson
 
 from keel.cluster.spec import Priority
 
@@ -50,6 +52,13 @@ class PendingJob:
 def job_shape(demand: Mapping[str, float], region: str, cluster: str) -> tuple:
     """PendingJob.shape: (sorted demand items, region, cluster)."""
     return tuple(sorted(demand.items())), region, cluster
+
+
+def shape_key(shape: tuple) -> str:
+    """A job shape (`job_shape`) as text: the key of its waiting reason in the state database
+    (keel.cluster.state's waiting table), made alike by the controller, which holds the shape,
+    and by a reader, which makes the shape from the job's spec."""
+    return orjson.dumps(shape).decode()
 
 
 @dataclass(slots=True)
@@ -82,14 +91,13 @@ class Decision:
     preemptions: list[str] = field(default_factory=list)  # running jobs to stop and requeue
     rejections: dict[str, str] = field(default_factory=dict)  # job -> why no cluster can run it
     waiting: dict[str, str] = field(default_factory=dict)  # job -> why it is still queued
-    # The end of the queue left waiting as a whole (see the module docstring): its jobs, each
-    # waiting for the reason `blocked` gives for its shape.
-    tail: Sequence[PendingJob] = ()
+    # When the round stopped before the end of the queue (see the module docstring): why each
+    # shape waits; the jobs it did not look at wait for their shape's reason.
     blocked: dict[tuple, str] = field(default_factory=dict)
 
 
 def schedule(
-    pending: Sequence[PendingJob],
+    pending: Iterable[PendingJob],
     running: Sequence[RunningJob],
     clusters: Sequence[ClusterView],
     home: str | None = None,
@@ -98,8 +106,9 @@ def schedule(
     shape_count: int | None = None,
 ) -> Decision:
     """Decide this round's assignments, preemptions and rejections (see the module docstring).
-    `in_order`: `pending` is already sorted by (priority, sequence); `shape_count`: the number of
-    distinct `PendingJob.shape`s in `pending`, which lets the round stop early (with in_order)."""
+    `in_order`: `pending` is already sorted by (priority, sequence) (and may be an iterator);
+    `shape_count`: the number of distinct `PendingJob.shape`s in `pending`, which lets the round
+    stop early (with in_order)."""
     decision = Decision()
     free = {c.name: dict(c.free) for c in clusters}
     held: set[str] = set()  # clusters held for a blocked production job this round
@@ -116,10 +125,10 @@ def schedule(
     production = Priority.PRODUCTION
     ordered = pending if in_order else sorted(pending, key=_queue_order)
     every_shape = shape_count if in_order and shape_count is not None else -1
-    for index, job in enumerate(ordered):
+    for job in ordered:
         shape = job.shape
         if len(blocked) == every_shape and job.priority != production:
-            decision.tail, decision.blocked = ordered[index:], blocked
+            decision.blocked = blocked
             break
         if shape in blocked and job.priority != production:
             decision.waiting[job.job_id] = blocked[shape]

@@ -16,7 +16,8 @@ from keel.cluster.checkpoint import BACKSTOP_PAGES
 from keel.cluster.controller import Controller
 from keel.cluster.local import LocalBackend
 from keel.cluster.spec import JobSpec, Priority, Resources, entry_point_command
-from keel.cluster.state import connect, job_events, job_status, submit
+from keel.cluster.listing import list_jobs
+from keel.cluster.state import connect, job_events, job_status, request_cancel, submit
 from keel.core.errors import UsageError
 from keel.telemetry import TelemetryStore
 
@@ -85,6 +86,35 @@ def test_a_gang_that_cannot_fit_any_cluster_is_rejected_and_bad_specs_are_refuse
         JobSpec(("no-such-command-xyz",)).validate()
     with pytest.raises(UsageError, match="no job 'j-999999'"):
         job_status(control.database, "j-999999")
+
+
+def test_every_queued_job_says_why_it_waits_also_the_end_of_the_queue_left_by_shape(tmp_path):
+    control = controller(tmp_path, cpus=2)
+    busy = [submit(control.database, shell("sleep 30")) for _ in range(2)]
+    head = submit(control.database, shell("true"))
+    wide = submit(control.database, shell("true", resources=Resources(cpus=2)))
+    tail = [submit(control.database, shell("true")) for _ in range(4)]
+    control.tick()  # both cpus taken; `head` and `wide` block their shapes, `tail` is not looked at
+    try:
+        assert states(control, *busy) == ["running", "running"]
+        one_cpu = "waiting for capacity: needs 1 cpu, most free is 0 on local"
+        shown = {job: job_status(control.database, job)["reason"] for job in [head, wide, *tail]}
+        assert shown == {
+            head: one_cpu,
+            wide: "waiting for capacity: needs 2 cpu, most free is 0 on local",
+            **dict.fromkeys(tail, one_cpu),
+        }
+        listed = {row["id"]: row["reason"] for row in list_jobs(tmp_path / "state.db")}
+        assert {job: listed[job] for job in shown} == shown
+        # The tail's reason is its shape's (the waiting table): the tick wrote no row for it.
+        rows = control.database.execute("SELECT id FROM jobs WHERE state = 'pending' AND reason = ''")
+        assert sorted(row["id"] for row in rows) == sorted(tail)
+    finally:
+        for job in busy:
+            request_cancel(control.database, job)
+        run_until(control, lambda: states(control, *busy) == ["cancelled", "cancelled"])
+    run_until(control, lambda: set(states(control, head, wide, *tail)) == {"succeeded"})
+    assert all(job_status(control.database, job)["reason"] == "" for job in tail)
 
 
 def test_production_work_preempts_batch_work_which_is_requeued_and_completes(tmp_path):
