@@ -1,12 +1,13 @@
 """MinHash signatures and LSH band keys of documents, vectorised over a batch with numpy.
 
 A document's shingles are its word n-grams after normalization: lowercase, every run of Unicode
-punctuation or symbols (`\\p{P}`, `\\p{S}`) replaced by a space, split on whitespace. A document
+punctuation or symbols (`\\p{P}`, `\\p{S}`) replaced by a space, split on whitespace (found in
+one pass over the UTF-8 bytes by keel.data.words). A document
 with fewer than `ngram` words (but at least one) has one shingle: all its words. A document with
 no words has no shingles and no signature: it is never a near-duplicate of anything.
 
 Hashing, all in 64-bit integer arithmetic:
-- each distinct word of a batch is hashed once with xxh3-64; a shingle's hash combines its words'
+- each word is hashed from its bytes (keel.data.words); a shingle's hash combines its words'
   hashes as a polynomial (h = h * M + w, wrapping at 2**64) finished with murmur3's fmix64, so
   no shingle string is ever built;
 - the signature is one-permutation MinHash with optimal densification (Li, Owen and Zhang 2012;
@@ -39,62 +40,39 @@ from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import xxhash
+
+from keel.data import words
+from keel.data.words import fmix64
 
 EMPTY = np.uint32(0xFFFFFFFF)
 """The signature entry of a document without shingles."""
 
 _WORD_MIX = np.uint64(0x9E3779B97F4A7C15)
-_FMIX_1 = np.uint64(0xFF51AFD7ED558CCD)
-_FMIX_2 = np.uint64(0xC4CEB9FE1A85EC53)
 _VALUE_BITS = np.uint64(0x7FFFFFFF)
 """A bin's value: the low 31 bits of the shingle's hash (never EMPTY)."""
 _SLICE_DOCS = 1024
 """Documents hashed at once (see the module docstring)."""
 _HALF = np.uint64(32)
-_PUNCTUATION = r"[\p{P}\p{S}]+"
 
 
-def normalized_words(texts: pa.Array | pa.ChunkedArray) -> pa.ListArray:
-    """Each text's words after normalization (lowercase, punctuation and symbols to spaces, split on
-    whitespace): [n_docs] lists of strings; a null text has no words."""
-    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
-    spaced = pc.replace_substring_regex(pc.utf8_lower(texts), _PUNCTUATION, " ")
-    return pc.utf8_split_whitespace(spaced)
-
-
-def shingle_hashes(words: pa.ListArray, ngram: int) -> tuple[np.ndarray, np.ndarray]:
-    """Hashes of every document's word n-grams, in order: flat uint64 [n_shingles], and the index
-    of each document's first shingle, int64 [n_docs + 1] (document d owns
+def shingle_hashes(texts: pa.Array, ngram: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes of every text's word n-grams, in order: flat uint64 [n_shingles], and the index
+    of each text's first shingle, int64 [n_texts + 1] (text d owns
     shingles[offsets[d]:offsets[d + 1]], empty when it has no words)."""
-    encoded = pc.list_flatten(words).dictionary_encode()
-    indices = encoded.indices.to_numpy()
-    parents = pc.list_parent_indices(words).to_numpy()
-    empty = pc.index(encoded.dictionary, "").as_py()  # the split leaves "" at the ends
-    if empty >= 0:
-        kept = indices != empty
-        indices, parents = indices[kept], parents[kept]
-    lengths = np.bincount(parents, minlength=len(words)).astype(np.int64)
-    word_offsets = np.concatenate([[0], np.cumsum(lengths)])
+    word_hashes, word_offsets = words.word_hashes(texts)
+    lengths = np.diff(word_offsets)
     counts = np.where(lengths >= ngram, lengths - ngram + 1, np.minimum(lengths, 1))
-    offsets = np.concatenate([[0], np.cumsum(counts)])
-    if len(indices) == 0:
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    if len(word_hashes) == 0:
         return np.zeros(0, dtype=np.uint64), offsets
-    vocabulary = encoded.dictionary.cast(pa.binary()).to_pylist()
-    word_hashes = np.fromiter(
-        (xxhash.xxh3_64_intdigest(word) for word in vocabulary),
-        dtype=np.uint64,
-        count=len(vocabulary),
-    )[indices]
     windows = _ngram_windows(word_hashes, word_offsets, ngram)
-    if len(windows) == offsets[-1]:  # no document of 1 to ngram - 1 words
-        return _fmix64(windows), offsets
+    if len(windows) == offsets[-1]:  # no text of 1 to ngram - 1 words
+        return fmix64(windows), offsets
     hashes = np.empty(offsets[-1], dtype=np.uint64)
     full = np.repeat(lengths >= ngram, counts)  # which shingles are whole n-grams
     hashes[full] = windows
     hashes[~full] = _whole_texts(word_hashes, word_offsets, lengths, ngram)
-    return _fmix64(hashes), offsets
+    return fmix64(hashes), offsets
 
 
 def _ngram_windows(word_hashes: np.ndarray, word_offsets: np.ndarray, ngram: int) -> np.ndarray:
@@ -147,7 +125,7 @@ def _sliced_shingle_hashes(
     module docstring), in order."""
     texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
     for low in range(0, len(texts), _SLICE_DOCS):
-        yield shingle_hashes(normalized_words(texts.slice(low, _SLICE_DOCS)), ngram)
+        yield shingle_hashes(texts.slice(low, _SLICE_DOCS), ngram)
 
 
 def minhash(shingles: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int) -> np.ndarray:
@@ -155,7 +133,7 @@ def minhash(shingles: np.ndarray, offsets: np.ndarray, num_perm: int, seed: int)
     uint32 [n_docs, num_perm], densified; rows of documents without shingles are all EMPTY."""
     n_docs = len(offsets) - 1
     counts = np.diff(offsets)
-    hashed = _fmix64(shingles ^ _seed_mix(seed))
+    hashed = fmix64(shingles ^ _seed_mix(seed))
     bins = ((hashed >> np.uint64(32)) * np.uint64(num_perm)) >> np.uint64(32)
     bins += np.repeat(np.arange(n_docs, dtype=np.uint64) * np.uint64(num_perm), counts)
     best = np.full(n_docs * num_perm, EMPTY, dtype=np.uint32)
@@ -216,19 +194,9 @@ def band_keys(signature: np.ndarray, bands: int, rows: int, seed: int) -> np.nda
         1, 2**63, size=(bands, rows), dtype=np.uint64
     ) | np.uint64(1)
     values = signature[:, : bands * rows].reshape(len(signature), bands, rows).astype(np.uint64)
-    return _fmix64((values * multipliers).sum(axis=2, dtype=np.uint64)).view(np.int64)
+    return fmix64((values * multipliers).sum(axis=2, dtype=np.uint64)).view(np.int64)
 
 
 def estimated_jaccard(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     """The fraction of equal entries of signatures [..., num_perm] (broadcast): float64 [...]."""
     return np.mean(left == right, axis=-1)
-
-
-def _fmix64(values: np.ndarray) -> np.ndarray:
-    """murmur3's 64-bit finalizer: every input bit affects every output bit (a new array)."""
-    values = values ^ (values >> np.uint64(33))
-    values *= _FMIX_1
-    values ^= values >> np.uint64(33)
-    values *= _FMIX_2
-    values ^= values >> np.uint64(33)
-    return values

@@ -14,9 +14,9 @@ import pytest
 
 from keel.cluster.checkpoint import BACKSTOP_PAGES
 from keel.cluster.controller import Controller
+from keel.cluster.listing import list_jobs
 from keel.cluster.local import LocalBackend
 from keel.cluster.spec import JobSpec, Priority, Resources, entry_point_command
-from keel.cluster.listing import list_jobs
 from keel.cluster.state import connect, job_events, job_status, request_cancel, submit
 from keel.core.errors import UsageError
 from keel.telemetry import TelemetryStore
@@ -107,7 +107,8 @@ def test_every_queued_job_says_why_it_waits_also_the_end_of_the_queue_left_by_sh
         listed = {row["id"]: row["reason"] for row in list_jobs(tmp_path / "state.db")}
         assert {job: listed[job] for job in shown} == shown
         # The tail's reason is its shape's (the waiting table): the tick wrote no row for it.
-        rows = control.database.execute("SELECT id FROM jobs WHERE state = 'pending' AND reason = ''")
+        query = "SELECT id FROM jobs WHERE state = 'pending' AND reason = ''"
+        rows = control.database.execute(query)
         assert sorted(row["id"] for row in rows) == sorted(tail)
     finally:
         for job in busy:

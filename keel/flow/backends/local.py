@@ -105,6 +105,7 @@ class _Worker:
         self.process = subprocess.Popen(
             [
                 sys.executable,
+                "-P",  # no working directory first on sys.path: the coordinator's path, as is
                 "-m",
                 "keel.flow.backends.worker",
                 str(to_child_read),
