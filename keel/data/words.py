@@ -16,7 +16,8 @@ from pyarrow's own regex and white-space test, so both agree by construction.
 
 A word's hash reads its bytes eight at a time (little-endian, zero-padded at the end), starting
 from its length: h = fmix64(h * K ^ chunk), murmur3's 64-bit finalizer, so words of up to eight
-bytes hash without collisions and longer ones collide with odds ~2**-64. The hashes are for one
+bytes hash without collisions and longer ones collide with odds ~2**-64; a word of more than 64
+bytes (a base64 blob) is hashed with xxh3-64 instead, one by one. The hashes are for one
 run's shingles and signatures: nothing stores them across versions.
 """
 
@@ -27,6 +28,7 @@ import functools
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 _SEPARATOR_PATTERN = r"[\p{P}\p{S}]"
 _K = np.uint64(0x9E3779B97F4A7C15)
@@ -36,6 +38,8 @@ _SHIFT = np.uint64(33)
 _MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [2**64 - 1], dtype=np.uint64)
 """_MASKS[k]: the low k bytes of a 64-bit word (k = 8: all of it)."""
 _BMP = 0x10000
+LONG_WORD = 64
+"""Bytes above which a word is hashed by xxh3 alone (see _hash_words)."""
 
 
 def fmix64(values: np.ndarray) -> np.ndarray:
@@ -55,6 +59,8 @@ def word_hashes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     if not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
         texts = texts.cast(pa.large_string())
     lower = pc.utf8_lower(texts)
+    if lower.null_count:  # a null's bytes are not part of the text (Arrow allows any there)
+        lower = lower.fill_null("")
     offsets, data = _bytes_of(lower)
     separator = _separators(data)
     word = ~separator
@@ -120,14 +126,17 @@ def _decode(data: np.ndarray, leads: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 
 def _hash_words(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Each word's hash (see the module docstring): uint64 [len(starts)]."""
+    """Each word's hash (see the module docstring): uint64 [len(starts)]. Words longer than
+    LONG_WORD bytes (a base64 blob, minified code) are hashed with xxh3 one by one, so the
+    chunk loop runs at most LONG_WORD / 8 times."""
     hashes = lengths.astype(np.uint64) * _K
     if not len(starts):
         return hashes
     padded = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
     # every 8-byte window of the bytes, by its first byte (an unaligned view: no copy)
     windows = np.ndarray((len(data) + 1,), np.uint64, padded.data, 0, (1,))
-    words = np.arange(len(starts))
+    long = np.flatnonzero(lengths > LONG_WORD)
+    words = np.flatnonzero(lengths <= LONG_WORD) if len(long) else np.arange(len(starts))
     chunk = 0
     while len(words):
         left = lengths[words] - 8 * chunk
@@ -135,6 +144,9 @@ def _hash_words(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np
         hashes[words] = fmix64(hashes[words] * _K ^ values)
         words = words[left > 8]
         chunk += 1
+    for word in long.tolist():
+        start = int(starts[word])
+        hashes[word] = xxhash.xxh3_64_intdigest(data[start : start + lengths[word]].tobytes())
     return hashes
 
 

@@ -55,7 +55,8 @@ def test_real_text_gives_the_same_words_in_slices_nulls_and_large_strings():
     with gzip.open(SAMPLES / "crawl.jsonl.gz", "rt") as lines:
         pages = [json.loads(line)["html"] for line in lines]  # markup: symbols everywhere
     mixed = "«¿Qué?» — ÉTÉ naïve\u00a0café\u3000東京 😀x😀"  # 2-, 3- and 4-byte characters
-    edges = [None, "", "   ", "a", mixed, "x" * 8, "y" * 16]
+    blob = "QUJD" * 50_000  # one 200,000-byte word, as base64 in a crawled page
+    edges = [None, "", "   ", "a", mixed, "x" * 8, "y" * 16, "z" * 64, "w" * 65, f"a {blob} b"]
     texts = pa.array(articles + pages + edges, pa.string())
     assert_same_words(texts)
     assert_same_words(texts.slice(7, 20))  # a slice starts at an offset into the buffers
@@ -66,6 +67,6 @@ def test_distinct_words_get_distinct_hashes():
     with gzip.open(SAMPLES / "wikitext2.jsonl.gz", "rt") as lines:
         texts = pa.array([json.loads(line)["text"] for line in lines], pa.string())
     vocabulary = {word for text in reference_words(texts) for word in text}
-    vocabulary = sorted(vocabulary | {"a" * n for n in range(1, 40)} | {"a\x00", "a\x00\x00"})
+    vocabulary = sorted(vocabulary | {"a" * n for n in range(1, 80)} | {"a\x00", "a\x00\x00"})
     hashes, _ = words.word_hashes(pa.array(vocabulary, pa.string()))
     assert len(vocabulary) > 5_000 and len(np.unique(hashes)) == len(vocabulary)
