@@ -4,9 +4,18 @@ The package is layered (see docs/architecture.md); each layer imports only from 
 lower one, which import-linter checks in the test suite.
 """
 
-from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("keel")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+def __getattr__(name: str) -> str:
+    """`keel.__version__`, read from the installed package's metadata when first asked:
+    importing importlib.metadata costs ~40 ms, which every keel process (each command, each flow
+    worker) would otherwise pay at `import keel`."""
+    if name != "__version__":
+        raise AttributeError(f"module 'keel' has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("keel")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        found = "0.0.0+unknown"
+    globals()["__version__"] = found
+    return found

@@ -24,7 +24,7 @@ from typer.core import TyperCommand, TyperGroup
 if TYPE_CHECKING:  # typer >= 0.24 carries its own copy of click
     from typer._click import Command, Context, HelpFormatter
 
-from keel import __version__
+import keel
 from keel.core.log import setup_logging
 
 
@@ -172,7 +172,7 @@ app = typer.Typer(
 
 def _version(show: bool) -> None:
     if show:
-        typer.echo(f"keel {__version__}")
+        typer.echo(f"keel {keel.__version__}")
         raise typer.Exit()
 
 

@@ -68,9 +68,11 @@ def shared_count(left: np.ndarray, right: np.ndarray) -> int:
         left, right = right, left
     if len(left) == 0:
         return 0
-    positions = np.searchsorted(right, left)
-    positions[positions == len(right)] = 0
-    return int(np.count_nonzero(right[positions] == left))
+    # where each of left would go in right; past the end is clipped to right's last element,
+    # which is then smaller than it: no match (the methods, not np.*'s wrappers: ~9,000 calls
+    # a 30,000-document run, on the coordinator between two passes)
+    positions = right.searchsorted(left)
+    return int(np.count_nonzero(right.take(positions, mode="clip") == left))
 
 
 def jaccard(shared: int, left: int, right: int) -> float:
