@@ -62,7 +62,8 @@ def word_hashes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     if lower.null_count:  # a null's bytes are not part of the text (Arrow allows any there)
         lower = lower.fill_null("")
     offsets, data = _bytes_of(lower)
-    separator = _separators(data)
+    padded = np.concatenate([data, np.zeros(8, dtype=np.uint8)])  # reads past a word's end
+    separator = _separators(data, padded)
     word = ~separator
     begins = word.copy()
     begins[1:] &= separator[:-1]
@@ -74,7 +75,7 @@ def word_hashes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     ends[lasts] = word[lasts]
     starts = np.flatnonzero(begins)
     lengths = np.flatnonzero(ends) + 1 - starts
-    return _hash_words(data, starts, lengths), np.searchsorted(starts, offsets).astype(np.int64)
+    return _hash_words(padded, starts, lengths), np.searchsorted(starts, offsets).astype(np.int64)
 
 
 def _bytes_of(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -90,14 +91,14 @@ def _bytes_of(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return offsets - start, np.frombuffer(data_buffer, np.uint8, end - start, start)
 
 
-def _separators(data: np.ndarray) -> np.ndarray:
+def _separators(data: np.ndarray, padded: np.ndarray) -> np.ndarray:
     """Which bytes belong to a separator character (punctuation, symbol or white space): bool
-    [len(data)]."""
+    [len(data)] (`padded`: the bytes and 8 zeros after them)."""
     separator = np.take(_ascii_table(), data)
     leads = np.flatnonzero(data >= 0xC0)  # the first byte of each character beyond ASCII
     if not len(leads):
         return separator
-    code_points, widths = _decode(data, leads)
+    code_points, widths = _decode(padded, leads)
     is_separator = np.empty(len(leads), dtype=bool)
     basic = code_points < _BMP
     is_separator[basic] = _bmp_table()[code_points[basic]]
@@ -110,10 +111,9 @@ def _separators(data: np.ndarray) -> np.ndarray:
     return separator
 
 
-def _decode(data: np.ndarray, leads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _decode(padded: np.ndarray, leads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The code point (uint32) and byte width of the character at each of `leads` (valid UTF-8:
-    pyarrow's utf8_lower has checked it)."""
-    padded = np.concatenate([data, np.zeros(3, dtype=np.uint8)])
+    pyarrow's utf8_lower has checked it; `padded`: the bytes and at least 3 zeros after them)."""
     first = padded[leads].astype(np.uint32)
     widths = np.where(first >= 0xF0, 4, np.where(first >= 0xE0, 3, 2))
     code_points = first & np.where(widths == 2, 0x1F, np.where(widths == 3, 0x0F, 0x07))
@@ -125,16 +125,15 @@ def _decode(data: np.ndarray, leads: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return code_points.astype(np.uint32), widths
 
 
-def _hash_words(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Each word's hash (see the module docstring): uint64 [len(starts)]. Words longer than
-    LONG_WORD bytes (a base64 blob, minified code) are hashed with xxh3 one by one, so the
-    chunk loop runs at most LONG_WORD / 8 times."""
+def _hash_words(padded: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Each word's hash (see the module docstring): uint64 [len(starts)] (`padded`: the bytes
+    and 8 zeros after them). Words longer than LONG_WORD bytes (a base64 blob, minified code)
+    are hashed with xxh3 one by one, so the chunk loop runs at most LONG_WORD / 8 times."""
     hashes = lengths.astype(np.uint64) * _K
     if not len(starts):
         return hashes
-    padded = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
     # every 8-byte window of the bytes, by its first byte (an unaligned view: no copy)
-    windows = np.ndarray((len(data) + 1,), np.uint64, padded.data, 0, (1,))
+    windows = np.ndarray((len(padded) - 7,), np.uint64, padded.data, 0, (1,))
     long = np.flatnonzero(lengths > LONG_WORD)
     words = np.flatnonzero(lengths <= LONG_WORD) if len(long) else np.arange(len(starts))
     chunk = 0
@@ -146,7 +145,7 @@ def _hash_words(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np
         chunk += 1
     for word in long.tolist():
         start = int(starts[word])
-        hashes[word] = xxhash.xxh3_64_intdigest(data[start : start + lengths[word]].tobytes())
+        hashes[word] = xxhash.xxh3_64_intdigest(padded[start : start + lengths[word]].tobytes())
     return hashes
 
 
