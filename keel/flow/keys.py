@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import xxhash
 
 from keel.core.hashing import canonical_json
