@@ -129,14 +129,19 @@ def _hash_words(padded: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> 
     """Each word's hash (see the module docstring): uint64 [len(starts)] (`padded`: the bytes
     and 8 zeros after them). Words longer than LONG_WORD bytes (a base64 blob, minified code)
     are hashed with xxh3 one by one, so the chunk loop runs at most LONG_WORD / 8 times."""
-    hashes = lengths.astype(np.uint64) * _K
     if not len(starts):
-        return hashes
+        return np.zeros(0, dtype=np.uint64)
     # every 8-byte window of the bytes, by its first byte (an unaligned view: no copy)
     windows = np.ndarray((len(padded) - 7,), np.uint64, padded.data, 0, (1,))
+    # the first 8 bytes of every word at once (most words have no more); a long word's hash is
+    # replaced below
+    hashes = lengths.astype(np.uint64)
+    hashes *= _K
+    hashes ^= windows[starts] & _MASKS[np.minimum(lengths, 8)]
+    hashes = fmix64(hashes)
     long = np.flatnonzero(lengths > LONG_WORD)
-    words = np.flatnonzero(lengths <= LONG_WORD) if len(long) else np.arange(len(starts))
-    chunk = 0
+    words = np.flatnonzero((lengths > 8) & (lengths <= LONG_WORD))
+    chunk = 1
     while len(words):
         left = lengths[words] - 8 * chunk
         values = windows[starts[words] + 8 * chunk] & _MASKS[np.minimum(left, 8)]
