@@ -44,12 +44,12 @@ import dedup_bench  # beside this script (run as `python benchmarks/fuzzy_ray_pl
 
 PHASES = {
     "find_buckets": "pass 1: read, signatures, band keys, band shuffle",
-    "candidate_shingles": "pass 2: the candidates' texts reread and shingled",
-    "cluster": "verification and clustering (driver)",
+    "candidate_groups": "candidates numbered, buckets' components (driver)",
+    "verify_candidates": "pass 2: candidates reread, shingled, verified in the reducers",
     "source_counts": "per-source counts",
     "write": "kept documents filtered and written, side tables, commit",
 }
-DRIVER_PHASES = ("cluster",)
+DRIVER_PHASES = ("candidate_groups",)
 WORKER_COUNTS = (64, 256, 1024)
 STAGE_LINE = re.compile(
     r"stage \d+ \((?P<name>.*)\): \d+ tasks, (?P<rows_in>\d+) rows in, (?P<rows_out>\d+) out, "
@@ -74,8 +74,8 @@ class StageLines(logging.Handler):
 def timed_phases(module) -> tuple[dict[str, float], dict[str, int]]:
     """Wrap the phases of keel.data.fuzzy that run_fuzzy_dedup calls. Returns the dict their
     seconds land in and the dict of what the driver collects: the buckets' member ids
-    (`bucket_members`, `candidates`: distinct ids) and the candidates' shingle table
-    (`shingle_rows`, `shingle_bytes`)."""
+    (`bucket_members`, `candidates`: distinct ids) and the removals the reducers send back
+    (`removed_rows`, `removed_bytes`: removed.parquet's and evidence.parquet's rows)."""
     seconds: dict[str, float] = defaultdict(float)
     collected: dict[str, int] = {}
 
@@ -83,8 +83,9 @@ def timed_phases(module) -> tuple[dict[str, float], dict[str, int]]:
         if name == "find_buckets":
             collected["bucket_members"] = sum(len(bucket) for bucket in result)
             collected["candidates"] = len({doc_id for bucket in result for doc_id in bucket})
-        elif name == "candidate_shingles":
-            collected["shingle_rows"], collected["shingle_bytes"] = result.num_rows, result.nbytes
+        elif name == "verify_candidates":
+            collected["removed_rows"] = result.removed.num_rows
+            collected["removed_bytes"] = result.removed.nbytes + result.evidence.nbytes
 
     for name in PHASES:
         if name == "write":
@@ -180,7 +181,7 @@ def plan(
         "candidate_fraction": collected.get("candidates", 0) / documents,
         "target_candidates": collected.get("candidates", 0) * scale,
         "target_bucket_members": collected.get("bucket_members", 0) * scale,
-        "target_driver_shingle_terabytes": collected.get("shingle_bytes", 0) * scale / 1e12,
+        "target_driver_removed_terabytes": collected.get("removed_bytes", 0) * scale / 1e12,
         "phases": phases,
         "worker_hours": worker_hours,
         "driver_hours": driver_hours,
@@ -214,8 +215,9 @@ def render(run: dict, result: dict, workers: int) -> str:
         f"flow stages: {stages}",
         f"the driver collected: {collected.get('bucket_members', 0):,} bucket members "
         f"({collected.get('candidates', 0):,} candidates, "
-        f"{result['candidate_fraction']:.1%} of the documents), their shingles "
-        f"{collected.get('shingle_bytes', 0) / 1e6:,.1f} MB; "
+        f"{result['candidate_fraction']:.1%} of the documents), and "
+        f"{collected.get('removed_rows', 0):,} removals from the reducers "
+        f"({collected.get('removed_bytes', 0) / 1e6:,.1f} MB); "
         f"driver peak RSS {run['driver_peak_rss_bytes'] / 2**20:,.0f} MiB",
         "",
         f"Plan for {result['target_terabytes']:g} TB of text "
@@ -225,7 +227,7 @@ def render(run: dict, result: dict, workers: int) -> str:
         f"{result['target_shuffle_terabytes']:.2f} TB; {result['worker_hours']:,.0f} "
         f"worker-hours, {result['driver_hours']:,.1f} hours on the driver; the driver would "
         f"collect {result['target_bucket_members'] / 1e6:,.0f}M bucket members and "
-        f"{result['target_driver_shingle_terabytes']:.2f} TB of candidate shingles.",
+        f"{result['target_driver_removed_terabytes']:.2f} TB of removals.",
         "",
         "| workers | hours (workers' share + driver) |",
         "| ---: | ---: |",

@@ -9,19 +9,21 @@ How (four passes over the input, each on keel/flow workers):
    band keys; a group_batches on the band key collects each bucket; buckets of two or more
    documents come back to the coordinator as lists of ids in input order. Only (band key, id)
    pairs are shuffled, 14 small rows per document.
-2. Candidates: the documents found in some bucket are read again and their shingle sets computed
-   (minhash.shingle_sets: the sorted distinct 32-bit hashes of their word n-grams), which gives
-   the coordinator their input order, sources and shingles (a few percent of a real corpus:
-   near-duplicate candidates, not documents, are what the coordinator holds).
+2. Verification (fuzzy_verify.py): the coordinator numbers the candidates (the documents found in
+   some bucket) and finds the components of the buckets; workers read the documents again and
+   compute the candidates' shingle sets (minhash.shingle_sets: the sorted distinct 32-bit hashes
+   of their word n-grams); a group_batches on the component brings each component to one
+   reducer, which verifies and clusters it (fuzzy_clusters.py) and sends back only the removals
+   and their evidence.
 3. Sources: documents per source, counted from the source column alone.
 4. The kept documents: the input without the removed ids, written by keel/flow.
-Between 2 and 4 the coordinator verifies and clusters the candidates (fuzzy_clusters.py): each is
-compared, on the true Jaccard of the shingle sets (not the signature's estimate), with the
-representatives (kept documents) it shares a bucket with; at `threshold` or above it is removed
-and linked to the most similar of them, else it becomes a representative. Representatives are
-taken in input order, as exact dedup and keel/flow's deduplicate keep the first, so running
-exact then fuzzy dedup keeps originals over later copies. There are no transitive chains: with
-A ~ B ~ C but A !~ C, B is removed and A and C are kept.
+Verification and clustering: each candidate is compared, on the true Jaccard of the shingle sets
+(not the signature's estimate), with the representatives (kept documents) it shares a bucket
+with; at `threshold` or above it is removed and linked to the most similar of them, else it
+becomes a representative. Representatives are taken in input order, as exact dedup and
+keel/flow's deduplicate keep the first, so running exact then fuzzy dedup keeps originals over
+later copies. There are no transitive chains: with A ~ B ~ C but A !~ C, B is removed and A and
+C are kept.
 
 Output: the kept documents, removed.parquet (`duplicate_of` = the representative, `similarity` =
 the true Jaccard), evidence.parquet (removed and kept id, Jaccard, shared shingles, each one's
@@ -51,21 +53,18 @@ from keel.core import paths
 from keel.core.errors import UsageError
 from keel.data import documents, inputs, minhash
 from keel.data.dedup import (
-    REMOVED_SCHEMA,
     present,
     require_text,
-    table_or_empty,
     write_removed,
 )
 from keel.data.fuzzy_clusters import (
     EVIDENCE_FILE,
     EVIDENCE_SCHEMA,
     NO_SOURCE,
-    Clustering,
     check_source_losses,
-    link_to_representatives,
     source_losses,
 )
+from keel.data.fuzzy_verify import candidate_groups, verify_candidates
 from keel.data.inputs import Input
 from keel.flow import RunOptions, pooled, run_lengths
 
@@ -138,9 +137,11 @@ def run_fuzzy_dedup(
     require_text(names, input)
     with documents.stage_output(output, input) as staging, pooled(options) as options:
         buckets = find_buckets(input, names, config, options)
-        candidates = list(dict.fromkeys(doc_id for bucket in buckets for doc_id in bucket))
-        found = candidate_shingles(input, names, candidates, config, options)
-        removed, evidence, copies_kept, clustering = cluster(buckets, found, config.threshold)
+        groups = candidate_groups(buckets)
+        found = verify_candidates(
+            input, names, groups, config.ngram, config.threshold, config.num_shards, options
+        )
+        removed = found.removed
         losses = source_losses(source_counts(input, names, options), removed["source"].to_pylist())
         check_source_losses(losses, config.max_source_drop, config.guard_min_documents)
         # the kept documents: all but the removed ids (a kept id's copies share its id, so they
@@ -151,21 +152,21 @@ def run_fuzzy_dedup(
         )
         if len(removed_ids):
             kept = kept.filter(~pc.field(documents.ID_COLUMN).isin(removed_ids))
-        if copies_kept:
+        if found.copies_kept:
             kept = kept.deduplicate(documents.ID_COLUMN, num_shards=config.num_shards)
         result = kept.write_parquet(staging, options=options, commit=False)
         write_removed(staging, removed)
-        write_evidence(staging, evidence)
+        write_evidence(staging, found.evidence)
         report = documents.StageReport(
             STAGE,
             documents_in=result.stages[0].rows_in,
             documents_out=result.rows,
             details={
                 "buckets": len(buckets),
-                "candidates": len(candidates),
+                "candidates": len(groups.ids),
                 "clusters": len(pc.unique(removed.column("duplicate_of"))),
-                "pairs_compared": clustering.pairs_compared,
-                "pairs_rejected": clustering.pairs_rejected,
+                "pairs_compared": found.pairs_compared,
+                "pairs_rejected": found.pairs_rejected,
                 "sources": losses,
                 "config": asdict(config),
             },
@@ -254,112 +255,3 @@ def bucket_members(rows: pa.Table, starts: np.ndarray) -> pa.Table:
     offsets = np.concatenate([[0], np.cumsum(runs[shared])]).astype(np.int32)
     lists = pa.ListArray.from_arrays(pa.array(offsets), members.combine_chunks())
     return pa.table({"members": lists})
-
-
-# -- pass 2 and clustering: candidates only -------------------------------------------------------
-def candidate_shingles(
-    input: Input,
-    names: list[str] | None,
-    candidates: list[str],
-    config: FuzzyDedupConfig,
-    options: RunOptions | None,
-) -> pa.Table:
-    """Rows (id, source, shingles: the document's sorted distinct shingles, minhash.shingle_sets) of
-    every input document whose id is in `candidates`, in input order (repeated ids included)."""
-    if not candidates:
-        return pa.table(
-            {
-                "id": pa.array([], pa.string()),
-                "source": pa.array([], pa.string()),
-                "shingles": pa.array([], pa.list_(pa.uint32())),
-            }
-        )
-    wanted = pc.field(documents.ID_COLUMN).isin(pa.array(candidates, pa.string()))
-    columns = present(names, [documents.ID_COLUMN, documents.TEXT_COLUMN, documents.SOURCE_COLUMN])
-    docs = inputs.read_documents(input, columns=columns, filter=wanted)  # ids added if missing
-    return docs.map_batches(functools.partial(shingle_rows, config=config)).to_table(
-        options=options
-    )
-
-
-def shingle_rows(batch: pa.RecordBatch, config: FuzzyDedupConfig) -> pa.RecordBatch:
-    """map_batches: documents -> (id, source, shingles: list of sorted distinct uint32)."""
-    flat, offsets = minhash.shingle_sets(batch.column(documents.TEXT_COLUMN), config.ngram)
-    lists = pa.ListArray.from_arrays(
-        pa.array(offsets.astype(np.int32)), pa.array(flat, pa.uint32())
-    )
-    names = batch.schema.names
-    source = (
-        batch.column(documents.SOURCE_COLUMN)
-        if documents.SOURCE_COLUMN in names
-        else pa.nulls(batch.num_rows, pa.string())
-    )
-    return pa.RecordBatch.from_arrays(
-        [batch.column(documents.ID_COLUMN), source, lists], names=["id", "source", "shingles"]
-    )
-
-
-def cluster(
-    buckets: list[tuple[str, ...]], found: pa.Table, threshold: float
-) -> tuple[pa.Table, pa.Table, bool, Clustering]:
-    """Verify the buckets' documents on their true Jaccard and link each removed one to its
-    representative (fuzzy_clusters.link_to_representatives).
-
-    `found`: candidate_shingles' rows, in input order. Returns removed.parquet's rows (in input
-    order), evidence.parquet's rows (the same order), whether some kept id has repeated copies
-    in the input, and the clustering's counts."""
-    if found.num_rows == 0:
-        nothing = Clustering((), 0, 0)
-        return REMOVED_SCHEMA.empty_table(), EVIDENCE_SCHEMA.empty_table(), False, nothing
-    ids = found.column("id").to_pylist()
-    first = {doc_id: row for row, doc_id in reversed(list(enumerate(ids)))}
-    order = sorted(first.values())  # candidate index -> its first row; index order = input order
-    index = {ids[row]: number for number, row in enumerate(order)}
-    column = found.column("shingles").combine_chunks()
-    flat = column.values.to_numpy()
-    starts = column.offsets.to_numpy()
-    shingles = [flat[starts[row] : starts[row + 1]] for row in order]
-    sizes = np.diff(starts).astype(np.int64)[order]  # [candidates]: each one's shingle count
-    clustering = link_to_representatives(
-        [[index[doc_id] for doc_id in bucket] for bucket in buckets], shingles, threshold
-    )
-    kept_of = np.arange(len(order))
-    similarity = np.ones(len(order))
-    shared = sizes.copy()  # a kept candidate shares all its shingles with itself
-    for link in clustering.links:
-        kept_of[link.removed] = link.kept
-        similarity[link.removed] = link.jaccard
-        shared[link.removed] = link.shared
-
-    rows = np.array([index[doc_id] for doc_id in ids])
-    is_copy = np.ones(len(ids), dtype=bool)
-    is_copy[order] = False
-    removed_rows = np.flatnonzero((kept_of[rows] != rows) | is_copy)
-    copies_kept = bool(np.any(is_copy & (kept_of[rows] == rows)))
-    candidate_ids = found.column("id").take(pa.array(order))
-    removed_ids = found.column("id").take(pa.array(removed_rows))
-    kept_ids = candidate_ids.take(pa.array(kept_of[rows[removed_rows]]))
-    removed = pa.table(
-        {
-            "id": removed_ids,
-            "duplicate_of": kept_ids,
-            "similarity": similarity[rows[removed_rows]],
-            "source": found.column("source").take(pa.array(removed_rows)),
-        }
-    )
-    evidence = pa.table(
-        {
-            "removed_id": removed_ids,
-            "kept_id": kept_ids,
-            "jaccard": similarity[rows[removed_rows]],
-            "shared_shingles": shared[rows[removed_rows]],
-            "removed_shingles": sizes[rows[removed_rows]],
-            "kept_shingles": sizes[kept_of[rows[removed_rows]]],
-        }
-    )
-    return (
-        table_or_empty(removed, REMOVED_SCHEMA),
-        table_or_empty(evidence, EVIDENCE_SCHEMA),
-        copies_kept,
-        clustering,
-    )

@@ -14,11 +14,11 @@ entry per byte for ASCII; for the other characters, decoded from their UTF-8 byt
 code point of the Basic Multilingual Plane and a lookup of the few others), and the table comes
 from pyarrow's own regex and white-space test, so both agree by construction.
 
-A word's hash reads its bytes eight at a time (little-endian, zero-padded at the end), starting
-from its length: h = fmix64(h * K ^ chunk), murmur3's 64-bit finalizer, so words of up to eight
-bytes hash without collisions and longer ones collide with odds ~2**-64; a word of more than 64
-bytes (a base64 blob) is hashed with xxh3-64 instead, one by one. The hashes are for one
-run's shingles and signatures: nothing stores them across versions.
+A word's hash reads its bytes eight at a time (little-endian, zero-padded at the end), from
+h = its length * K: h = fmix64(h * K ^ chunk) per chunk, murmur3's 64-bit finalizer, so words
+of up to eight bytes hash without collisions and longer ones collide with odds ~2**-64; a word
+of more than 64 bytes (a base64 blob) is hashed with xxh3-64 instead, one by one. The hashes
+are for one run's shingles and signatures: nothing stores them across versions.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _hash_words(padded: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> 
     windows = np.ndarray((len(padded) - 7,), np.uint64, padded.data, 0, (1,))
     # the first 8 bytes of every word at once (most words have no more); a long word's hash is
     # replaced below
-    hashes = lengths.astype(np.uint64)
+    hashes = lengths.astype(np.uint64) * _K
     hashes *= _K
     hashes ^= windows[starts] & _MASKS[np.minimum(lengths, 8)]
     hashes = fmix64(hashes)

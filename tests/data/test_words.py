@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 from keel.data import words
 
@@ -70,3 +71,32 @@ def test_distinct_words_get_distinct_hashes():
     vocabulary = sorted(vocabulary | {"a" * n for n in range(1, 80)} | {"a\x00", "a\x00\x00"})
     hashes, _ = words.word_hashes(pa.array(vocabulary, pa.string()))
     assert len(vocabulary) > 5_000 and len(np.unique(hashes)) == len(vocabulary)
+
+
+def reference_hash(word: bytes) -> int:
+    """The module doc's word hash, one word at a time in Python (arithmetic mod 2**64)."""
+    if len(word) > words.LONG_WORD:
+        return xxhash.xxh3_64_intdigest(word)
+    mask, k = 2**64 - 1, 0x9E3779B97F4A7C15
+
+    def fmix64(h: int) -> int:
+        h ^= h >> 33
+        h = (h * 0xFF51AFD7ED558CCD) & mask
+        h ^= h >> 33
+        h = (h * 0xC4CEB9FE1A85EC53) & mask
+        return h ^ (h >> 33)
+
+    h = (len(word) * k) & mask
+    for start in range(0, len(word), 8):
+        chunk = int.from_bytes(word[start : start + 8].ljust(8, b"\0"), "little")
+        h = fmix64(((h * k) & mask) ^ chunk)
+    return h
+
+
+def test_word_hashes_follow_the_documented_formula():
+    """Shingles and signatures, and so which documents a run removes, depend on these values:
+    a faster implementation must give the same ones."""
+    vocabulary = ["a", "ab", "word", "eightchr", "ninechars", "x" * 16, "y" * 17, "z" * 64]
+    vocabulary += ["w" * 65, "naïve", "東京", "a\x00"]
+    hashes, _ = words.word_hashes(pa.array(vocabulary, pa.string()))
+    assert hashes.tolist() == [reference_hash(word.encode()) for word in vocabulary]

@@ -1,0 +1,259 @@
+"""Fuzzy dedup's pass 2: the LSH candidates verified and clustered in the shuffle's reducers.
+
+The coordinator turns pass 1's buckets into candidate groups (`candidate_groups`): the distinct
+candidates, numbered in order of first appearance, each bucket as their numbers, and each
+candidate's component, the connected set of candidates that share buckets (scipy's
+connected_components). Clustering a component needs nothing outside it: a candidate is only
+compared with the representatives that share a bucket with it (fuzzy_clusters). So workers read
+the documents again, keep the candidates and compute their shingle sets (`verification_rows`); a
+group_batches on the component brings each component's rows together, in input order, in one
+reducer, which verifies and clusters its components (`verify_partition`) and returns a row per
+removal with its evidence and one row of counts; the coordinator only puts the removals in input
+order (`gather`).
+
+Why in the reducers: on the coordinator the verification ran on one core after every candidate's
+shingles were shipped to it (300,000 documents: 2.1 s of a 16 s run, ~150 MB of shingles); here
+it runs on the workers side by side, and the coordinator holds ids and counts. It is what a
+cluster-scale run needs (docs/benchmarks.md, the 1 TB plan).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from keel.data import documents, inputs, minhash
+from keel.data.dedup import REMOVED_SCHEMA, present, table_or_empty
+from keel.data.fuzzy_clusters import EVIDENCE_SCHEMA, link_to_representatives
+from keel.data.inputs import Input
+from keel.flow import RunOptions
+
+COMPONENT = "component"
+CANDIDATE = "candidate"
+POSITION = inputs.POSITION_COLUMN
+VERIFIED_SCHEMA = pa.schema(
+    [
+        (POSITION, pa.uint64()),
+        ("id", pa.string()),
+        ("duplicate_of", pa.string()),
+        ("similarity", pa.float64()),
+        ("source", pa.string()),
+        ("shared_shingles", pa.int64()),
+        ("removed_shingles", pa.int64()),
+        ("kept_shingles", pa.int64()),
+        ("pairs_compared", pa.int64()),
+        ("pairs_rejected", pa.int64()),
+        ("copies_kept", pa.bool_()),
+    ]
+)
+"""A reducer's rows: one per removal (the counts null), then one of counts (pairs_compared,
+pairs_rejected, copies_kept; the rest null)."""
+
+
+@dataclass(frozen=True)
+class CandidateGroups:
+    """The candidates of pass 1's buckets: `ids` [n] (numbered by first appearance),
+    `components` int64 [n], and the buckets as candidate numbers: bucket b is
+    `members[bucket_starts[b]:bucket_starts[b + 1]]` (in input order, repeats kept)."""
+
+    ids: pa.Array
+    components: np.ndarray
+    bucket_starts: np.ndarray
+    members: np.ndarray
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What pass 2 found: removed.parquet's and evidence.parquet's rows (input order), whether a
+    kept id has repeated copies in the input, and the candidate pairs verified and rejected."""
+
+    removed: pa.Table
+    evidence: pa.Table
+    copies_kept: bool
+    pairs_compared: int
+    pairs_rejected: int
+
+
+def candidate_groups(buckets: list[tuple[str, ...]]) -> CandidateGroups:
+    """The candidates of `buckets` (ids, each bucket's in input order), numbered, grouped."""
+    numbers: dict[str, int] = {}
+    flat = [doc_id for bucket in buckets for doc_id in bucket]
+    members = np.fromiter(
+        (numbers.setdefault(doc_id, len(numbers)) for doc_id in flat), np.int64, len(flat)
+    )
+    sizes = np.fromiter((len(bucket) for bucket in buckets), np.int64, len(buckets))
+    bucket_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    count = len(numbers)
+    firsts = np.repeat(
+        members[bucket_starts[:-1]], sizes
+    )  # each member joined to its bucket's first
+    graph = coo_matrix((np.ones(len(members), np.int8), (firsts, members)), shape=(count, count))
+    _, components = connected_components(graph, directed=False)
+    return CandidateGroups(
+        pa.array(list(numbers), pa.string()),
+        components.astype(np.int64),
+        bucket_starts,
+        members,
+    )
+
+
+def verify_candidates(
+    input: Input,
+    names: list[str] | None,
+    groups: CandidateGroups,
+    ngram: int,
+    threshold: float,
+    num_shards: int | None,
+    options: RunOptions | None,
+) -> Verification:
+    """Pass 2 (module doc): the candidates reread, shingled, shuffled by component and verified
+    and clustered in the reducers."""
+    if not len(groups.ids):
+        return Verification(
+            REMOVED_SCHEMA.empty_table(), EVIDENCE_SCHEMA.empty_table(), False, 0, 0
+        )
+    columns = present(names, [documents.ID_COLUMN, documents.TEXT_COLUMN, documents.SOURCE_COLUMN])
+    docs = inputs.read_documents(input, columns=columns, positions=True)  # ids added if missing
+    rows = functools.partial(
+        verification_rows, ids=groups.ids, components=groups.components, ngram=ngram
+    )
+    verify = functools.partial(
+        verify_partition,
+        bucket_starts=groups.bucket_starts,
+        members=groups.members,
+        candidates=len(groups.ids),
+        threshold=threshold,
+    )
+    shards = num_shards or max(1, docs.source.num_shards)
+    table = (
+        docs.map_batches(rows).group_batches(COMPONENT, verify, shards).to_table(options=options)
+    )
+    return gather(table)
+
+
+def verification_rows(
+    batch: pa.RecordBatch, ids: pa.Array, components: np.ndarray, ngram: int
+) -> pa.RecordBatch:
+    """map_batches: the candidates among a batch of documents (with their positions) ->
+    (id, source, shingles: sorted distinct uint32, position, candidate number, component)."""
+    column = batch.column(documents.ID_COLUMN)
+    found = pc.index_in(column, value_set=ids if ids.type == column.type else ids.cast(column.type))
+    keep = found.is_valid()
+    batch, numbers = batch.filter(keep), found.filter(keep).to_numpy().astype(np.int64)
+    flat, offsets = minhash.shingle_sets(batch.column(documents.TEXT_COLUMN), ngram)
+    shingles = pa.ListArray.from_arrays(
+        pa.array(offsets.astype(np.int32)), pa.array(flat, pa.uint32())
+    )
+    names = batch.schema.names
+    source = (
+        batch.column(documents.SOURCE_COLUMN)
+        if documents.SOURCE_COLUMN in names
+        else pa.nulls(batch.num_rows, pa.string())
+    )
+    return pa.RecordBatch.from_arrays(
+        [
+            batch.column(documents.ID_COLUMN),
+            source,
+            shingles,
+            batch.column(POSITION),
+            pa.array(numbers),
+            pa.array(components[numbers]),
+        ],
+        names=["id", "source", "shingles", POSITION, CANDIDATE, COMPONENT],
+    )
+
+
+def verify_partition(
+    rows: pa.Table,
+    starts: np.ndarray,
+    bucket_starts: np.ndarray,
+    members: np.ndarray,
+    candidates: int,
+    threshold: float,
+) -> pa.Table:
+    """group_batches reducer: verify and cluster the components of `rows` (whole components,
+    each one's rows in input order; `starts` are not needed: a candidate is only compared with
+    others of its buckets, which are all here). VERIFIED_SCHEMA rows: one per removed row (every
+    row of a removed id, and the later rows of a kept id, which name it), then one of counts.
+
+    A candidate's number here is its first row's place in `rows`: within a component, input
+    order, which is all link_to_representatives needs (it compares only within buckets)."""
+    numbers = rows.column(CANDIDATE).to_numpy()  # [rows]: global candidate numbers
+    _, first = np.unique(numbers, return_index=True)
+    order = np.sort(first)  # local candidate -> its first row, in row order
+    local = np.full(candidates, -1, dtype=np.int64)
+    local[numbers[order]] = np.arange(len(order))
+    mine = np.flatnonzero(local[members[bucket_starts[:-1]]] >= 0)  # this call's buckets
+    buckets = [local[members[bucket_starts[b] : bucket_starts[b + 1]]].tolist() for b in mine]
+    column = rows.column("shingles").combine_chunks()
+    flat, offsets = column.values.to_numpy(), column.offsets.to_numpy()
+    shingles = [flat[offsets[row] : offsets[row + 1]] for row in order]
+    sizes = np.diff(offsets).astype(np.int64)[order]  # [candidates here]: shingle counts
+    clustering = link_to_representatives(buckets, shingles, threshold)
+    kept_of = np.arange(len(order))
+    similarity = np.ones(len(order))
+    shared = sizes.copy()  # a kept candidate shares all its shingles with itself
+    for link in clustering.links:
+        kept_of[link.removed] = link.kept
+        similarity[link.removed] = link.jaccard
+        shared[link.removed] = link.shared
+    row_local = local[numbers]  # [rows]: each row's candidate here
+    is_copy = np.ones(len(numbers), dtype=bool)
+    is_copy[order] = False
+    removed = np.flatnonzero((kept_of[row_local] != row_local) | is_copy)
+    copies_kept = bool(np.any(is_copy & (kept_of[row_local] == row_local)))
+    gone, kept = row_local[removed], kept_of[row_local[removed]]
+    ids = rows.column("id")
+    removals = pa.table(
+        {
+            POSITION: rows.column(POSITION).take(removed),
+            "id": ids.take(removed),
+            "duplicate_of": ids.take(order[kept]),
+            "similarity": similarity[gone],
+            "source": rows.column("source").take(removed),
+            "shared_shingles": shared[gone],
+            "removed_shingles": sizes[gone],
+            "kept_shingles": sizes[kept],
+        }
+    )
+    counts = pa.table(
+        {
+            "pairs_compared": [clustering.pairs_compared],
+            "pairs_rejected": [clustering.pairs_rejected],
+            "copies_kept": [copies_kept],
+        }
+    )
+    return pa.concat_tables(
+        [table_or_empty(removals, VERIFIED_SCHEMA), table_or_empty(counts, VERIFIED_SCHEMA)]
+    )
+
+
+def gather(table: pa.Table) -> Verification:
+    """The reducers' rows: the removals put in input order, the counts added up."""
+    counted = pc.is_valid(table.column("pairs_compared"))
+    counts, removals = table.filter(counted), table.filter(pc.invert(counted))
+    removals = removals.take(np.argsort(removals.column(POSITION).to_numpy(), kind="stable"))
+    removed = pa.table({name: removals.column(name) for name in REMOVED_SCHEMA.names})
+    evidence = pa.table(
+        {
+            "removed_id": removals.column("id"),
+            "kept_id": removals.column("duplicate_of"),
+            "jaccard": removals.column("similarity"),
+            "shared_shingles": removals.column("shared_shingles"),
+            "removed_shingles": removals.column("removed_shingles"),
+            "kept_shingles": removals.column("kept_shingles"),
+        }
+    )
+    return Verification(
+        table_or_empty(removed, REMOVED_SCHEMA),
+        table_or_empty(evidence, EVIDENCE_SCHEMA),
+        bool(pc.any(counts.column("copies_kept")).as_py()),
+        int(pc.sum(counts.column("pairs_compared")).as_py() or 0),
+        int(pc.sum(counts.column("pairs_rejected")).as_py() or 0),
+    )
