@@ -6,14 +6,18 @@ import random
 import re
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 
 from keel.data.dedup import run_exact_dedup
 from keel.data.documents import document_id
 from keel.data.fuzzy import FuzzyDedupConfig, run_fuzzy_dedup
 from keel.data.fuzzy_clusters import SourceGuardError
+from keel.data.fuzzy_verify import components
 from keel.flow import LocalBackend, RunOptions
 
 VOCABULARY = [f"w{n}" for n in range(5000)]
@@ -147,3 +151,17 @@ def test_exact_dedup_finds_copies_under_the_inputs_own_ids(tmp_path, pool):
     assert all(by_id[row["duplicate_of"]] == by_id[row["id"]] for row in removed)
     stage = json.loads((tmp_path / "out" / "stage.json").read_text())
     assert stage["dropped"] == {"exact_duplicate": 200}
+
+
+@pytest.mark.parametrize("nodes, edges", [(1, 0), (50, 10), (5_000, 4_000), (20_000, 30_000)])
+def test_bucket_components_are_the_graphs_connected_components(nodes, edges):
+    """Pass 2 sends each component of the buckets to one reducer: a component split in two
+    would compare a candidate with too few representatives."""
+    rng = np.random.default_rng(nodes)
+    left, right = rng.integers(0, nodes, edges), rng.integers(0, nodes, edges)
+    labels = components(nodes, left, right)
+    graph = coo_matrix((np.ones(edges), (left, right)), shape=(nodes, nodes))
+    count, expected = connected_components(graph, directed=False)
+    assert len(set(zip(labels.tolist(), expected.tolist(), strict=True))) == count
+    assert len(np.unique(labels)) == count
+    assert (labels[left] == labels[right]).all()
