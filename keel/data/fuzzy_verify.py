@@ -126,9 +126,7 @@ def verify_candidates(
     """Pass 2 (module doc): the candidates reread, shingled, shuffled by component and verified
     and clustered in the reducers."""
     if not len(groups.ids):
-        return Verification(
-            REMOVED_SCHEMA.empty_table(), EVIDENCE_SCHEMA.empty_table(), False, 0, 0
-        )
+        return gather(VERIFIED_SCHEMA.empty_table())
     columns = present(names, [documents.ID_COLUMN, documents.TEXT_COLUMN, documents.SOURCE_COLUMN])
     docs = inputs.read_documents(input, columns=columns, positions=True)  # ids added if missing
     rows = functools.partial(
@@ -247,6 +245,7 @@ def verify_partition(
 
 def gather(table: pa.Table) -> Verification:
     """The reducers' rows: the removals put in input order, the counts added up."""
+    table = table_or_empty(table, VERIFIED_SCHEMA)  # no rows at all when no reducer ran
     counted = pc.is_valid(table.column("pairs_compared"))
     counts, removals = table.filter(counted), table.filter(pc.invert(counted))
     removals = removals.take(np.argsort(removals.column(POSITION).to_numpy(), kind="stable"))
