@@ -133,8 +133,8 @@ def _hash_words(padded: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> 
         return np.zeros(0, dtype=np.uint64)
     # every 8-byte window of the bytes, by its first byte (an unaligned view: no copy)
     windows = np.ndarray((len(padded) - 7,), np.uint64, padded.data, 0, (1,))
-    # the first 8 bytes of every word at once (most words have no more); a long word's hash is
-    # replaced below
+    # the first 8 bytes of every word at once (most words have no more): h = length * K, then
+    # fmix64(h * K ^ chunk); a long word's hash is replaced below
     hashes = lengths.astype(np.uint64) * _K
     hashes *= _K
     hashes ^= windows[starts] & _MASKS[np.minimum(lengths, 8)]

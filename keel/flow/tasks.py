@@ -41,8 +41,7 @@ from keel.flow.shuffle import (
     file_size,
     partition_tables,
     read_segments,
-    run_starts,
-    sort_for_reduce,
+    sort_into_runs,
 )
 from keel.flow.sinks import FileSink
 from keel.flow.sources import Source
@@ -244,8 +243,7 @@ class Task:
         for table in partition_tables(shuffle.segments, self.settings.memory_budget, spill):
             if table.num_rows == 0:
                 continue
-            table = sort_for_reduce(table, key_name)
-            starts = run_starts(table, key_name)
+            table, starts = sort_into_runs(table, key_name)
             if isinstance(reduce, Deduplicate):
                 yield from _visible_table(table.take(pa.array(starts))).to_batches(
                     self.settings.chunk_rows

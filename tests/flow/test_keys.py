@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pytest
 
 from keel.flow.keys import HASH_COLUMN, ORDER_COLUMN, column_hashes, stable_hash
-from keel.flow.shuffle import run_starts, sort_for_reduce
+from keel.flow.shuffle import sort_into_runs
 
 
 @pytest.mark.parametrize(
@@ -66,9 +66,9 @@ def test_rows_are_grouped_by_key_in_input_order(in_input_order):
     table = _partition(keys, column_hashes(pa.array(keys, pa.int64())), order)
     if not in_input_order:
         table = table.take(rng.permutation(len(keys)))
-    ordered = sort_for_reduce(table, "key")
+    ordered, starts = sort_into_runs(table, "key")
     assert ordered.equals(_by_three_keys(table))
-    assert len(run_starts(ordered, "key")) == len(set(keys))
+    assert len(starts) == len(set(keys))
 
 
 def test_keys_that_share_a_hash_still_form_one_run_each():
@@ -77,9 +77,8 @@ def test_keys_that_share_a_hash_still_form_one_run_each():
     keys = rng.integers(0, 40, size=2_000).tolist()
     hashes = np.array([key % 3 for key in keys], dtype=np.uint64)
     table = _partition(keys, hashes, np.arange(len(keys), dtype=np.uint64))
-    ordered = sort_for_reduce(table, "key")
+    ordered, starts = sort_into_runs(table, "key")
     assert ordered.equals(_by_three_keys(table))
-    starts = run_starts(ordered, "key")
     runs = np.split(ordered.column("key").to_numpy(), starts[1:])
     assert len(runs) == len(set(keys))
     assert all(len(set(run.tolist())) == 1 for run in runs)
