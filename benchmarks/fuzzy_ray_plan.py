@@ -41,6 +41,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import dedup_bench  # beside this script (run as `python benchmarks/fuzzy_ray_plan.py`)
+import pyarrow as pa
+import pyarrow.compute as pc
 
 PHASES = {
     "find_buckets": "pass 1: read, signatures, band keys, band shuffle",
@@ -74,15 +76,18 @@ class StageLines(logging.Handler):
 def timed_phases(module) -> tuple[dict[str, float], dict[str, int]]:
     """Wrap the phases of keel.data.fuzzy that run_fuzzy_dedup calls. Returns the dict their
     seconds land in and the dict of what the driver collects: the buckets' member ids
-    (`bucket_members`, `candidates`: distinct ids) and the removals the reducers send back
-    (`removed_rows`, `removed_bytes`: removed.parquet's and evidence.parquet's rows)."""
+    (`bucket_members`, a bucket found in several bands once per band; `candidates`: distinct
+    ids) and the removals the reducers send back (`removed_rows`, `removed_bytes`:
+    removed.parquet's and evidence.parquet's rows)."""
     seconds: dict[str, float] = defaultdict(float)
     collected: dict[str, int] = {}
 
     def note(name: str, result) -> None:
         if name == "find_buckets":
-            collected["bucket_members"] = sum(len(bucket) for bucket in result)
-            collected["candidates"] = len({doc_id for bucket in result for doc_id in bucket})
+            chunks = result.chunks if isinstance(result, pa.ChunkedArray) else [result]
+            flat = pa.chunked_array([chunk.flatten() for chunk in chunks], pa.string())
+            collected["bucket_members"] = len(flat)
+            collected["candidates"] = len(pc.unique(flat))
         elif name == "verify_candidates":
             collected["removed_rows"] = result.removed.num_rows
             collected["removed_bytes"] = result.removed.nbytes + result.evidence.nbytes

@@ -136,8 +136,7 @@ def run_fuzzy_dedup(
     names = inputs.column_names(input)
     require_text(names, input)
     with documents.stage_output(output, input) as staging, pooled(options) as options:
-        buckets = find_buckets(input, names, config, options)
-        groups = candidate_groups(buckets)
+        groups = candidate_groups(find_buckets(input, names, config, options))
         found = verify_candidates(
             input, names, groups, config.ngram, config.threshold, config.num_shards, options
         )
@@ -162,7 +161,7 @@ def run_fuzzy_dedup(
             documents_in=result.stages[0].rows_in,
             documents_out=result.rows,
             details={
-                "buckets": len(buckets),
+                "buckets": len(groups.bucket_starts) - 1,
                 "candidates": len(groups.ids),
                 "clusters": len(pc.unique(removed.column("duplicate_of"))),
                 "pairs_compared": found.pairs_compared,
@@ -217,9 +216,9 @@ def write_evidence(output: str, evidence: pa.Table) -> None:
 # -- pass 1: band keys -> buckets ------------------------------------------------------------------
 def find_buckets(
     input: Input, names: list[str] | None, config: FuzzyDedupConfig, options: RunOptions
-) -> list[tuple[str, ...]]:
-    """Every LSH bucket of two or more documents, as their ids in input order; a bucket found in
-    several bands (a near-duplicate pair shares most) once."""
+) -> pa.ChunkedArray | pa.ListArray:
+    """Every LSH bucket of two or more documents, as a list of their ids in input order; a
+    bucket found in several bands (a near-duplicate pair shares most) comes once per band."""
     docs = inputs.read_documents(
         input, columns=present(names, [documents.TEXT_COLUMN, documents.ID_COLUMN])
     )
@@ -229,8 +228,9 @@ def find_buckets(
         .group_batches(_BAND, bucket_members, num_shards=num_shards)
         .to_table(options=options)
     )
-    members = table.column("members").to_pylist() if table.num_rows else []
-    return list(dict.fromkeys(tuple(bucket) for bucket in members))
+    if not table.num_rows:
+        return pa.array([], pa.list_(pa.string()))
+    return table.column("members")
 
 
 def band_rows(batch: pa.RecordBatch, config: FuzzyDedupConfig) -> pa.RecordBatch:

@@ -30,6 +30,7 @@ from keel.data import documents, inputs, minhash
 from keel.data.dedup import REMOVED_SCHEMA, present, table_or_empty
 from keel.data.fuzzy_clusters import EVIDENCE_SCHEMA, link_to_representatives
 from keel.data.inputs import Input
+from keel.data.words import fmix64
 from keel.flow import RunOptions
 
 COMPONENT = "component"
@@ -52,6 +53,7 @@ VERIFIED_SCHEMA = pa.schema(
 )
 """A reducer's rows: one per removal (the counts null), then one of counts (pairs_compared,
 pairs_rejected, copies_kept; the rest null)."""
+_NUMBER_MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
 @dataclass(frozen=True)
@@ -78,23 +80,63 @@ class Verification:
     pairs_rejected: int
 
 
-def candidate_groups(buckets: list[tuple[str, ...]]) -> CandidateGroups:
-    """The candidates of `buckets` (ids, each bucket's in input order), numbered, grouped."""
-    numbers: dict[str, int] = {}
-    flat = [doc_id for bucket in buckets for doc_id in bucket]
-    members = np.fromiter(
-        (numbers.setdefault(doc_id, len(numbers)) for doc_id in flat), np.int64, len(flat)
-    )
-    sizes = np.fromiter((len(bucket) for bucket in buckets), np.int64, len(buckets))
+def candidate_groups(buckets: pa.ListArray | pa.ChunkedArray) -> CandidateGroups:
+    """The candidates of pass 1's `buckets` (lists of ids, each in input order; a bucket found
+    in several bands may come several times), numbered in order of first appearance, and the
+    distinct buckets, in order of first appearance, as those numbers.
+
+    In Arrow and numpy, not Python objects: at 300,000 documents the ~150,000 ids as Python
+    lists and tuples cost the coordinator ~50 ms between the passes, and a 1 TB run's driver
+    would hold hundreds of millions of them (docs/benchmarks.md, the scale-out plan)."""
+    if isinstance(buckets, pa.ChunkedArray):
+        buckets = buckets.combine_chunks() if buckets.num_chunks else pa.array([], buckets.type)
+    flat = buckets.flatten()
+    ids = pc.unique(flat)  # in order of first appearance
+    numbers = pc.index_in(flat, value_set=ids).to_numpy().astype(np.int64)
+    sizes = np.diff(buckets.offsets.to_numpy()).astype(np.int64)
+    firsts = _first_copies(numbers, sizes)
+    members = numbers[np.repeat(firsts, sizes)]
+    sizes = sizes[firsts]
     bucket_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    count = len(numbers)
-    firsts = np.repeat(members[bucket_starts[:-1]], sizes)  # joins each member to its first
-    return CandidateGroups(
-        pa.array(list(numbers), pa.string()),
-        components(count, firsts, members),
-        bucket_starts,
-        members,
-    )
+    leaders = np.repeat(members[bucket_starts[:-1]], sizes)  # joins each member to its first
+    return CandidateGroups(ids, components(len(ids), leaders, members), bucket_starts, members)
+
+
+def _first_copies(numbers: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Which buckets are the first of their members (`numbers`, the buckets' members one after
+    another; `sizes` [buckets]): bool [buckets]. Buckets are matched by a hash of their members
+    in order, then checked member by member; where two different buckets share a hash (odds
+    ~2**-64 per pair), they are told apart by their members as tuples."""
+    if not len(sizes):
+        return np.zeros(0, dtype=bool)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    places = np.arange(len(numbers)) - np.repeat(starts, sizes)  # each member's place in its bucket
+    hashes = np.add.reduceat(bucket_member_hashes(numbers, places), starts)
+    hashes = fmix64(hashes ^ sizes.astype(np.uint64))
+    _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    same = first[inverse]  # each bucket's first bucket of equal hash
+    apart = sizes != sizes[same]
+    compared = ~apart
+    shift = np.repeat(np.where(compared, starts[same] - starts, 0), sizes)
+    unequal = numbers[np.arange(len(numbers)) + shift] != numbers
+    apart |= np.logical_or.reduceat(unequal, starts) & compared
+    if apart.any():  # a hash collision: the exact way
+        seen: set[tuple[int, ...]] = set()
+        firsts = np.zeros(len(sizes), dtype=bool)
+        for index, bucket in enumerate(np.split(numbers, np.cumsum(sizes)[:-1])):
+            key = tuple(bucket.tolist())
+            firsts[index] = key not in seen
+            seen.add(key)
+        return firsts
+    firsts = np.zeros(len(sizes), dtype=bool)
+    firsts[first] = True
+    return firsts
+
+
+def bucket_member_hashes(numbers: np.ndarray, places: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each (candidate number, place in its bucket): uint64 [len(numbers)]; a
+    bucket's hash is their sum."""
+    return fmix64(numbers.astype(np.uint64) * _NUMBER_MIX ^ places.astype(np.uint64))
 
 
 def components(count: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:

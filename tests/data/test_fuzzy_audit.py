@@ -13,11 +13,12 @@ import pytest
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
+from keel.data import fuzzy_verify
 from keel.data.dedup import run_exact_dedup
 from keel.data.documents import document_id
 from keel.data.fuzzy import FuzzyDedupConfig, run_fuzzy_dedup
 from keel.data.fuzzy_clusters import SourceGuardError
-from keel.data.fuzzy_verify import components
+from keel.data.fuzzy_verify import candidate_groups, components
 from keel.flow import LocalBackend, RunOptions
 
 VOCABULARY = [f"w{n}" for n in range(5000)]
@@ -165,3 +166,44 @@ def test_bucket_components_are_the_graphs_connected_components(nodes, edges):
     assert len(set(zip(labels.tolist(), expected.tolist(), strict=True))) == count
     assert len(np.unique(labels)) == count
     assert (labels[left] == labels[right]).all()
+
+
+def _groups_by_python(buckets: list[list[str]]) -> tuple[list[str], list[list[int]]]:
+    """The candidates numbered by first appearance and the distinct buckets in order of first
+    appearance, as numbers: computed here with dicts and tuples, not by keel."""
+    numbers: dict[str, int] = {}
+    distinct = dict.fromkeys(tuple(bucket) for bucket in buckets)
+    for bucket in buckets:
+        for doc_id in bucket:
+            numbers.setdefault(doc_id, len(numbers))
+    return list(numbers), [[numbers[doc_id] for doc_id in bucket] for bucket in distinct]
+
+
+@pytest.mark.parametrize("collide", [False, True])
+def test_candidate_groups_number_candidates_and_drop_repeated_buckets(monkeypatch, collide):
+    """A bucket found in several bands is verified once, and candidates keep their order of
+    first appearance (which decides the representatives). With every bucket hashed alike, the
+    member-by-member check still tells different buckets apart."""
+    if collide:
+        monkeypatch.setattr(
+            fuzzy_verify,
+            "bucket_member_hashes",
+            lambda numbers, places: np.zeros(len(numbers), np.uint64),
+        )
+    rng = random.Random(7)
+    made = [sorted(rng.sample(range(300), rng.randint(2, 5))) for _ in range(400)]
+    buckets = [[f"d{n}" for n in made[rng.randrange(len(made))]] for _ in range(1500)]
+    buckets += [["d1", "d2"], ["d2", "d1"], ["d1", "d2", "d2"]]  # order and repeats matter
+    groups = candidate_groups(pa.chunked_array([pa.array(buckets[:700]), pa.array(buckets[700:])]))
+    ids, distinct = _groups_by_python(buckets)
+    assert groups.ids.to_pylist() == ids
+    starts = groups.bucket_starts
+    found = [groups.members[starts[b] : starts[b + 1]].tolist() for b in range(len(starts) - 1)]
+    assert found == distinct
+    for bucket in found:  # a bucket's members are one component
+        assert len(set(groups.components[bucket].tolist())) == 1
+
+
+def test_candidate_groups_of_no_buckets():
+    groups = candidate_groups(pa.array([], pa.list_(pa.string())))
+    assert len(groups.ids) == 0 and groups.bucket_starts.tolist() == [0]
