@@ -52,7 +52,14 @@ work alone (imports excluded, worker start-up included), contenders interleaved.
 
 --datatrove-python runs the datatrove contender with another environment's interpreter (keel's
 contenders use this one): datatrove pins xxhash < 4 and pulls in pandas, which keel's environment
-should not carry. --phases: after the timed runs, one more cold keel run with keel.flow's stage
+should not carry. --keel-python does the same for keel's contenders: each contender then runs in
+an environment of its own dependencies, as a user installs it. keel's test environment carries
+pandas (datasets and evaluate, for lm-eval), and pyarrow imports pandas wherever it is installed
+(pyarrow.dataset at import, pa.array at its first call): ~0.2 s more per worker process at start.
+
+    python3 -m venv /work/kvenv && /work/kvenv/bin/pip install .   # keel's own dependencies
+
+--phases: after the timed runs, one more cold keel run with keel.flow's stage
 lines at debug level, stamped with milliseconds since its process started.
     python benchmarks/dedup_bench.py --smoke  # what CI runs: seconds, no shared data
 
@@ -593,13 +600,17 @@ def contender_main(name: str, source: Path, work: Path, debug_log: bool = False)
 
 def run_once(name: str, source: Path, scratch: Path, python: str = sys.executable) -> dict:
     """One timed run of contender `name` in a fresh `python` process (keel's contenders: this
-    interpreter; datatrove: --datatrove-python, its own environment)."""
+    interpreter or --keel-python; datatrove: --datatrove-python, its own environment)."""
     work = scratch / f"{name}-work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     command = [python, __file__, "--contender", name, "--input", str(source)]
     done = subprocess.run(
-        [*command, "--work", str(work)], capture_output=True, text=True, check=False
+        [*command, "--work", str(work)],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=_environment(name),
     )
     if done.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
@@ -607,15 +618,30 @@ def run_once(name: str, source: Path, scratch: Path, python: str = sys.executabl
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def keel_phases(source: Path, scratch: Path) -> str:
+def _environment(name: str) -> dict[str, str]:
+    """A contender's environment variables: keel's import this checkout's keel, whichever
+    interpreter runs them (--keel-python's environment may hold an installed copy)."""
+    if not name.startswith("keel"):
+        return dict(os.environ)
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+def keel_phases(source: Path, scratch: Path, python: str = sys.executable) -> str:
     """One cold keel run with keel.flow's stage lines at debug level, each stamped with the
     milliseconds since its process started: where keel's time goes, stage by stage."""
     work = scratch / "keel-phases-work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    command = [sys.executable, __file__, "--contender", "keel", "--input", str(source)]
+    command = [python, __file__, "--contender", "keel", "--input", str(source)]
     done = subprocess.run(
-        [*command, "--work", str(work), "--debug-log"], capture_output=True, text=True, check=False
+        [*command, "--work", str(work), "--debug-log"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=_environment("keel"),
     )
     if done.returncode != 0:
         raise RuntimeError(f"keel failed:\n{done.stderr[-3000:]}")
@@ -679,6 +705,12 @@ def main() -> None:
         help="the python of a separate environment with datatrove, for its contender",
     )
     parser.add_argument(
+        "--keel-python",
+        default=None,
+        help="the python of an environment with keel's own dependencies (pip install .), for "
+        "keel's contenders (they import this checkout's keel)",
+    )
+    parser.add_argument(
         "--contenders", default=",".join(CONTENDERS), help="comma-separated subset to run"
     )
     parser.add_argument(
@@ -702,7 +734,12 @@ def main() -> None:
     )
     wanted = tuple(name for name in CONTENDERS if name in arguments.contenders.split(","))
     contenders = runnable_contenders(wanted, peers, arguments.smoke)
-    pythons = {"datatrove": arguments.datatrove_python or sys.executable}
+    keel_python = arguments.keel_python or sys.executable
+    pythons = {
+        "datatrove": arguments.datatrove_python or sys.executable,
+        "keel": keel_python,
+        "keel-warm": keel_python,
+    }
     started = time.perf_counter()
     if arguments.smoke:
         articles = articles_from_sample()[:SMOKE_ARTICLES]
@@ -729,11 +766,14 @@ def main() -> None:
                 results[name].append(run_once(name, source, scratch, python))
                 load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
                 print(f"{name}: {results[name][-1]['seconds']:.2f} s (load {load})", flush=True)
-        phases = keel_phases(source, scratch) if arguments.phases else None
+        phases = keel_phases(source, scratch, keel_python) if arguments.phases else None
     for name, runs in results.items():
         if any(set(run["removed"]) != set(runs[0]["removed"]) for run in runs):
             print(f"note: {name} removed different ids in different runs")
-    print(f"\n{versions(arguments.datatrove_python)}\nmedians of {repeats} runs:\n")
+    print(f"\n{versions(arguments.datatrove_python)}")
+    if arguments.keel_python:
+        print(f"keel's contenders ran with {arguments.keel_python}")
+    print(f"medians of {repeats} runs:\n")
     print(table(labelled, results))
     if "keel" in results and "datatrove" in results:
         keel = statistics.median(run["seconds"] for run in results["keel"])

@@ -150,7 +150,7 @@ def run_fuzzy_dedup(
             removed.filter(pc.not_equal(removed["id"], removed["duplicate_of"])).column("id")
         )
         if len(removed_ids):
-            kept = kept.filter(~pc.field(documents.ID_COLUMN).isin(removed_ids))
+            kept = kept.map_batches(functools.partial(without_ids, ids=removed_ids))
         if found.copies_kept:
             kept = kept.deduplicate(documents.ID_COLUMN, num_shards=config.num_shards)
         result = kept.write_parquet(staging, options=options, commit=False)
@@ -173,6 +173,15 @@ def run_fuzzy_dedup(
         report.drop(REASON, removed.column("id").to_pylist())
         report.write(staging)
     return report
+
+
+def without_ids(batch: pa.RecordBatch, ids: pa.Array) -> pa.RecordBatch:
+    """map_batches: the documents whose id is not one of `ids`. A batch function rather than a
+    filter expression, which Parquet reads push down into an Arrow dataset scanner: that prunes
+    row groups by their statistics, of no use for a set of random ids, and costs each worker
+    pyarrow.dataset's import (~40 ms; ~0.2 s where pandas is installed)."""
+    removed = pc.is_in(batch.column(documents.ID_COLUMN), value_set=ids)
+    return batch.filter(pc.invert(removed)) if pc.any(removed).as_py() else batch
 
 
 def source_counts(input: Input, names: list[str] | None, options: RunOptions) -> dict[str, int]:
