@@ -36,6 +36,7 @@ pages every time (signatures 3x slower on the benchmark machine).
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator
 
 import numpy as np
@@ -170,18 +171,24 @@ def shingle_sets(texts: pa.Array | pa.ChunkedArray, ngram: int) -> tuple[np.ndar
     document's first, int64 [n_docs + 1] (as `shingle_hashes` returns them). A shingle here is
     the top 32 bits of its hash: half the bytes to ship and hold, and two documents of a few
     hundred shingles share a value by accident with odds ~1e-5, which moves their Jaccard by
-    1 / (shingles in their union)."""
+    1 / (shingles in their union).
+
+    Each document's shingles are sorted on their own, in place: one small sort per document
+    (a Python loop, ~1 us each) is ~10x faster than one sort of (document, shingle) keys over
+    the whole batch (0.09 -> 0.01 s for 7,800 documents), which pays log(batch) comparisons
+    per shingle where log(document) suffice."""
     flats, sizes = [np.zeros(0, dtype=np.uint32)], [np.zeros(0, dtype=np.int64)]
     for hashes, offsets in _sliced_shingle_hashes(texts, ngram):
+        values = (hashes >> _HALF).astype(np.uint32)
+        for low, high in itertools.pairwise(offsets.tolist()):
+            values[low:high].sort()
+        distinct = np.ones(len(values), dtype=bool)
+        distinct[1:] = values[1:] != values[:-1]
+        distinct[offsets[:-1][offsets[:-1] < len(values)]] = True  # each document's first
         counts = np.diff(offsets)
-        keys = np.repeat(np.arange(len(counts), dtype=np.uint64) << _HALF, counts)
-        keys |= hashes >> _HALF  # (document, shingle): one sort orders both
-        keys.sort()
-        distinct = np.ones(len(keys), dtype=bool)
-        distinct[1:] = keys[1:] != keys[:-1]
-        keys = keys[distinct]
-        sizes.append(np.bincount(keys >> _HALF, minlength=len(counts)))
-        flats.append(keys.astype(np.uint32))  # the low half: the shingle
+        owners = np.repeat(np.arange(len(counts)), counts)
+        sizes.append(np.bincount(owners[distinct], minlength=len(counts)))
+        flats.append(values[distinct])
     size = np.concatenate(sizes)
     return np.concatenate(flats), np.concatenate([[0], np.cumsum(size)]).astype(np.int64)
 

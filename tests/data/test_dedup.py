@@ -216,6 +216,24 @@ def test_short_documents_are_one_shingle_and_empty_ones_have_none():
     assert keys.shape == (3, 14) and (keys[0] == keys[1]).all()
 
 
+def test_shingle_sets_are_each_documents_distinct_shingles_sorted():
+    """Verification intersects these sets: a repeated or unsorted shingle would miscount the
+    shared ones. Checked against Python sets of shingle_hashes' top halves, across the slices
+    the documents are hashed in (2,500 documents), with empty, null and repetitive ones."""
+    rng = np.random.default_rng(5)
+    texts = [
+        " ".join(f"w{n}" for n in rng.integers(0, 60, rng.integers(0, 300))) for _ in range(2500)
+    ]
+    texts[10:14] = ["", None, "one two", "la la la la la la la la la la"]
+    texts[-1] = ""
+    flat, offsets = minhash.shingle_sets(pa.array(texts), 5)
+    hashes, starts = minhash.shingle_hashes(pa.array(texts), 5)
+    assert len(offsets) == len(texts) + 1
+    for doc in range(len(texts)):
+        expected = sorted({int(h) >> 32 for h in hashes[starts[doc] : starts[doc + 1]]})
+        assert flat[offsets[doc] : offsets[doc + 1]].tolist() == expected
+
+
 def test_signature_estimates_jaccard():
     rng = np.random.default_rng(0)
     words = [f"w{n}" for n in rng.integers(0, 10_000, 400)]
