@@ -7,8 +7,9 @@
 How (four passes over the input, each on keel/flow workers):
 1. Signatures and buckets: workers compute each document's MinHash signature (minhash.py) and its
    band keys; a group_batches on the band key collects each bucket; buckets of two or more
-   documents come back to the coordinator as lists of ids in input order. Only (band key, id)
-   pairs are shuffled, 14 small rows per document.
+   documents come back to the coordinator as lists of their places in the input (uint64
+   positions), in input order. Only (band key, place) pairs are shuffled, 14 rows of 16 bytes
+   per document.
 2. Verification (fuzzy_verify.py): the coordinator numbers the candidates (the documents found in
    some bucket) and finds the components of the buckets; workers read the documents again and
    compute the candidates' shingle sets (minhash.shingle_sets: the sorted distinct 32-bit hashes
@@ -16,7 +17,7 @@ How (four passes over the input, each on keel/flow workers):
    reducer, which verifies and clusters it (fuzzy_clusters.py) and sends back only the removals
    and their evidence.
 3. Sources: documents per source, counted from the source column alone.
-4. The kept documents: the input without the removed ids, written by keel/flow.
+4. The kept documents: the input without the removed places, written by keel/flow in input order.
 Verification and clustering: each candidate is compared, on the true Jaccard of the shingle sets
 (not the signature's estimate), with the representatives (kept documents) it shares a bucket
 with; at `threshold` or above it is removed and linked to the most similar of them, else it
@@ -34,8 +35,9 @@ source of at least `guard_min_documents` fails with one line and writes nothing 
 reduced to a handful of documents is far more often a bug than a repetitive source; raise the
 limit or pass --force when it is real).
 
-Repeated ids (exact copies: run exact dedup first) are handled: all copies of a removed id are
-removed; a kept id keeps its first copy, and the output is then in id-hash order (deduplicate).
+Documents are told apart by their place in the input, not their ids: an id repeated in the input
+(exact copies under one id: run exact dedup first) is two documents, and the later copy is
+removed as a near-duplicate of the first (removed.parquet names it its own `duplicate_of`).
 The input is a document set, Parquet, JSONL or text files (keel.data.inputs).
 """
 
@@ -55,6 +57,7 @@ from keel.data import documents, inputs, minhash
 from keel.data.dedup import (
     present,
     require_text,
+    without_places,
     write_removed,
 )
 from keel.data.fuzzy_clusters import (
@@ -143,17 +146,12 @@ def run_fuzzy_dedup(
         removed = found.removed
         losses = source_losses(source_counts(input, names, options), removed["source"].to_pylist())
         check_source_losses(losses, config.max_source_drop, config.guard_min_documents)
-        # the kept documents: all but the removed ids (a kept id's copies share its id, so they
-        # are left to deduplicate)
-        kept = inputs.read_documents(input)  # with ids computed where the input has none
-        removed_ids = pc.unique(
-            removed.filter(pc.not_equal(removed["id"], removed["duplicate_of"])).column("id")
+        # the kept documents: all but the removed places, in input order
+        result = (
+            inputs.read_documents(input, positions=True)  # ids computed where the input has none
+            .map_batches(functools.partial(without_places, places=found.positions))
+            .write_parquet(staging, options=options, commit=False)
         )
-        if len(removed_ids):
-            kept = kept.map_batches(functools.partial(without_ids, ids=removed_ids))
-        if found.copies_kept:
-            kept = kept.deduplicate(documents.ID_COLUMN, num_shards=config.num_shards)
-        result = kept.write_parquet(staging, options=options, commit=False)
         write_removed(staging, removed)
         write_evidence(staging, found.evidence)
         report = documents.StageReport(
@@ -162,7 +160,7 @@ def run_fuzzy_dedup(
             documents_out=result.rows,
             details={
                 "buckets": len(groups.bucket_starts) - 1,
-                "candidates": len(groups.ids),
+                "candidates": len(groups.positions),
                 "clusters": len(pc.unique(removed.column("duplicate_of"))),
                 "pairs_compared": found.pairs_compared,
                 "pairs_rejected": found.pairs_rejected,
@@ -173,15 +171,6 @@ def run_fuzzy_dedup(
         report.drop(REASON, removed.column("id").to_pylist())
         report.write(staging)
     return report
-
-
-def without_ids(batch: pa.RecordBatch, ids: pa.Array) -> pa.RecordBatch:
-    """map_batches: the documents whose id is not one of `ids`. A batch function rather than a
-    filter expression, which Parquet reads push down into an Arrow dataset scanner: that prunes
-    row groups by their statistics, of no use for a set of random ids, and costs each worker
-    pyarrow.dataset's import (~40 ms; ~0.2 s where pandas is installed)."""
-    removed = pc.is_in(batch.column(documents.ID_COLUMN), value_set=ids)
-    return batch.filter(pc.invert(removed)) if pc.any(removed).as_py() else batch
 
 
 def source_counts(input: Input, names: list[str] | None, options: RunOptions) -> dict[str, int]:
@@ -226,10 +215,11 @@ def write_evidence(output: str, evidence: pa.Table) -> None:
 def find_buckets(
     input: Input, names: list[str] | None, config: FuzzyDedupConfig, options: RunOptions
 ) -> pa.ChunkedArray | pa.ListArray:
-    """Every LSH bucket of two or more documents, as a list of their ids in input order; a
-    bucket found in several bands (a near-duplicate pair shares most) comes once per band."""
+    """Every LSH bucket of two or more documents, as a list of their places in the input
+    (keel.data.inputs' position column), in input order; a bucket found in several bands (a
+    near-duplicate pair shares most) comes once per band."""
     docs = inputs.read_documents(
-        input, columns=present(names, [documents.TEXT_COLUMN, documents.ID_COLUMN])
+        input, columns=present(names, [documents.TEXT_COLUMN]), positions=True
     )
     num_shards = config.num_shards or max(1, docs.source.num_shards)
     table = (
@@ -238,29 +228,30 @@ def find_buckets(
         .to_table(options=options)
     )
     if not table.num_rows:
-        return pa.array([], pa.list_(pa.string()))
+        return pa.array([], pa.list_(pa.uint64()))
     return table.column("members")
 
 
 def band_rows(batch: pa.RecordBatch, config: FuzzyDedupConfig) -> pa.RecordBatch:
-    """map_batches: documents -> one (band key, id) row per band of each document with words."""
+    """map_batches: documents with their places -> one (band key, place) row per band of each
+    document with words."""
     signature = minhash.signatures(
         batch.column(documents.TEXT_COLUMN), config.num_perm, config.ngram, config.seed
     )
     with_words = np.flatnonzero(~(signature == minhash.EMPTY).all(axis=1))
     keys = minhash.band_keys(signature[with_words], config.bands, config.rows, config.seed)
-    ids = batch.column(documents.ID_COLUMN).take(pa.array(np.repeat(with_words, config.bands)))
+    places = batch.column(inputs.POSITION_COLUMN).to_numpy()[np.repeat(with_words, config.bands)]
     return pa.RecordBatch.from_arrays(
-        [pa.array(keys.reshape(-1)), ids], names=[_BAND, documents.ID_COLUMN]
+        [pa.array(keys.reshape(-1)), pa.array(places)], names=[_BAND, inputs.POSITION_COLUMN]
     )
 
 
 def bucket_members(rows: pa.Table, starts: np.ndarray) -> pa.Table:
-    """group_batches reducer: the ids of each bucket (a run of one band key) of two or more
-    documents, in input order: a table of one `members` list per such bucket."""
+    """group_batches reducer: the places of each bucket's documents (a run of one band key, two
+    or more documents), in input order: a table of one `members` list per such bucket."""
     runs = run_lengths(starts, rows.num_rows)
     shared = runs >= 2
-    members = rows.column(documents.ID_COLUMN).take(np.flatnonzero(np.repeat(shared, runs)))
+    places = rows.column(inputs.POSITION_COLUMN).to_numpy()
+    members = places[np.flatnonzero(np.repeat(shared, runs))]
     offsets = np.concatenate([[0], np.cumsum(runs[shared])]).astype(np.int32)
-    lists = pa.ListArray.from_arrays(pa.array(offsets), members.combine_chunks())
-    return pa.table({"members": lists})
+    return pa.table({"members": pa.ListArray.from_arrays(pa.array(offsets), pa.array(members))})

@@ -1,15 +1,22 @@
 """Fuzzy dedup's pass 2: the LSH candidates verified and clustered in the shuffle's reducers.
 
 The coordinator turns pass 1's buckets into candidate groups (`candidate_groups`): the distinct
-candidates, numbered in order of first appearance, each bucket as their numbers, and each
-candidate's component, the connected set of candidates that share buckets (`components`, in
-numpy: scipy's connected_components would cost a process 0.45 s of imports). Clustering a
+candidates, named by their place in the input (the position column of keel.data.inputs) and
+numbered in its order, each bucket as their numbers, and each candidate's component, the
+connected set of candidates that share buckets (`components`, in numpy: scipy's
+connected_components would cost a process 0.45 s of imports). Clustering a
 component needs nothing outside it: a candidate is only compared with the representatives that
 share a bucket with it (fuzzy_clusters). So workers read the documents again, keep the candidates
 and compute their shingle sets (`verification_rows`); a group_batches on the component brings
 each component's rows together, in input order, in one reducer, which verifies and clusters its
 components (`verify_partition`) and returns a row per removal with its evidence and one row of
 counts; the coordinator only puts the removals in input order (`gather`).
+
+Why places rather than ids: a place is 8 bytes, where an id is a string of tens: the band
+shuffle, the reducers' sorts, the buckets the coordinator collects (hundreds of millions of
+members at 1 TB) and the lookup of candidates in pass 2 all carry and compare integers. And a
+place names one row: an id repeated in the input (exact copies under one id) is two candidates,
+and the later copy is removed like any near-duplicate.
 
 Why in the reducers: on the coordinator the verification ran on one core after every candidate's
 shingles were shipped to it (300,000 documents: 2.1 s of a 16 s run, ~150 MB of shingles); here
@@ -48,21 +55,21 @@ VERIFIED_SCHEMA = pa.schema(
         ("kept_shingles", pa.int64()),
         ("pairs_compared", pa.int64()),
         ("pairs_rejected", pa.int64()),
-        ("copies_kept", pa.bool_()),
     ]
 )
 """A reducer's rows: one per removal (the counts null), then one of counts (pairs_compared,
-pairs_rejected, copies_kept; the rest null)."""
+pairs_rejected; the rest null)."""
 _NUMBER_MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
 @dataclass(frozen=True)
 class CandidateGroups:
-    """The candidates of pass 1's buckets: `ids` [n] (numbered by first appearance),
-    `components` int64 [n], and the buckets as candidate numbers: bucket b is
-    `members[bucket_starts[b]:bucket_starts[b + 1]]` (in input order, repeats kept)."""
+    """The candidates of pass 1's buckets: their places in the input, `positions` uint64 [n]
+    (sorted: candidate i is positions[i]), `components` int64 [n], and the distinct buckets as
+    candidate numbers: bucket b is `members[bucket_starts[b]:bucket_starts[b + 1]]` (in input
+    order)."""
 
-    ids: pa.Array
+    positions: np.ndarray
     components: np.ndarray
     bucket_starts: np.ndarray
     members: np.ndarray
@@ -70,36 +77,35 @@ class CandidateGroups:
 
 @dataclass(frozen=True)
 class Verification:
-    """What pass 2 found: removed.parquet's and evidence.parquet's rows (input order), whether a
-    kept id has repeated copies in the input, and the candidate pairs verified and rejected."""
+    """What pass 2 found: removed.parquet's and evidence.parquet's rows and the removed
+    documents' places, uint64 [removed] (all three in input order), and the candidate pairs
+    verified and rejected."""
 
     removed: pa.Table
     evidence: pa.Table
-    copies_kept: bool
+    positions: np.ndarray
     pairs_compared: int
     pairs_rejected: int
 
 
 def candidate_groups(buckets: pa.ListArray | pa.ChunkedArray) -> CandidateGroups:
-    """The candidates of pass 1's `buckets` (lists of ids, each in input order; a bucket found
-    in several bands may come several times), numbered in order of first appearance, and the
-    distinct buckets, in order of first appearance, as those numbers.
-
-    In Arrow and numpy, not Python objects: at 300,000 documents the ~150,000 ids as Python
-    lists and tuples cost the coordinator ~50 ms between the passes, and a 1 TB run's driver
-    would hold hundreds of millions of them (docs/benchmarks.md, the scale-out plan)."""
+    """The candidates of pass 1's `buckets` (lists of places, each in input order; a bucket
+    found in several bands may come several times), numbered in input order, and the distinct
+    buckets, in order of first appearance, as those numbers. In numpy, not Python objects: a
+    1 TB run's coordinator collects billions of members (docs/benchmarks.md, the 1 TB plan)."""
     if isinstance(buckets, pa.ChunkedArray):
         buckets = buckets.combine_chunks() if buckets.num_chunks else pa.array([], buckets.type)
-    flat = buckets.flatten()
-    ids = pc.unique(flat)  # in order of first appearance
-    numbers = pc.index_in(flat, value_set=ids).to_numpy().astype(np.int64)
+    flat = buckets.flatten().to_numpy().astype(np.uint64)
+    positions, numbers = np.unique(flat, return_inverse=True)
     sizes = np.diff(buckets.offsets.to_numpy()).astype(np.int64)
     firsts = _first_copies(numbers, sizes)
     members = numbers[np.repeat(firsts, sizes)]
     sizes = sizes[firsts]
     bucket_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     leaders = np.repeat(members[bucket_starts[:-1]], sizes)  # joins each member to its first
-    return CandidateGroups(ids, components(len(ids), leaders, members), bucket_starts, members)
+    return CandidateGroups(
+        positions, components(len(positions), leaders, members), bucket_starts, members
+    )
 
 
 def _first_copies(numbers: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -167,18 +173,21 @@ def verify_candidates(
 ) -> Verification:
     """Pass 2 (module doc): the candidates reread, shingled, shuffled by component and verified
     and clustered in the reducers."""
-    if not len(groups.ids):
+    if not len(groups.positions):
         return gather(VERIFIED_SCHEMA.empty_table())
     columns = present(names, [documents.ID_COLUMN, documents.TEXT_COLUMN, documents.SOURCE_COLUMN])
     docs = inputs.read_documents(input, columns=columns, positions=True)  # ids added if missing
     rows = functools.partial(
-        verification_rows, ids=groups.ids, components=groups.components, ngram=ngram
+        verification_rows,
+        positions=groups.positions,
+        components=groups.components,
+        ngram=ngram,
     )
     verify = functools.partial(
         verify_partition,
         bucket_starts=groups.bucket_starts,
         members=groups.members,
-        candidates=len(groups.ids),
+        candidates=len(groups.positions),
         threshold=threshold,
     )
     shards = num_shards or max(1, docs.source.num_shards)
@@ -189,14 +198,15 @@ def verify_candidates(
 
 
 def verification_rows(
-    batch: pa.RecordBatch, ids: pa.Array, components: np.ndarray, ngram: int
+    batch: pa.RecordBatch, positions: np.ndarray, components: np.ndarray, ngram: int
 ) -> pa.RecordBatch:
-    """map_batches: the candidates among a batch of documents (with their positions) ->
-    (id, source, shingles: sorted distinct uint32, position, candidate number, component)."""
-    column = batch.column(documents.ID_COLUMN)
-    found = pc.index_in(column, value_set=ids if ids.type == column.type else ids.cast(column.type))
-    keep = found.is_valid()
-    batch, numbers = batch.filter(keep), found.filter(keep).to_numpy().astype(np.int64)
+    """map_batches: the candidates (`positions`, sorted) among a batch of documents with their
+    places -> (id, source, shingles: sorted distinct uint32, position, candidate number,
+    component)."""
+    places = batch.column(POSITION).to_numpy()
+    numbers = np.minimum(np.searchsorted(positions, places), len(positions) - 1)
+    keep = positions[numbers] == places
+    batch, numbers = batch.filter(pa.array(keep)), numbers[keep].astype(np.int64)
     flat, offsets = minhash.shingle_sets(batch.column(documents.TEXT_COLUMN), ngram)
     shingles = pa.ListArray.from_arrays(
         pa.array(offsets.astype(np.int32)), pa.array(flat, pa.uint32())
@@ -230,46 +240,41 @@ def verify_partition(
 ) -> pa.Table:
     """group_batches reducer: verify and cluster the components of `rows` (whole components,
     each one's rows in input order; `starts` are not needed: a candidate is only compared with
-    others of its buckets, which are all here). VERIFIED_SCHEMA rows: one per removed row (every
-    row of a removed id, and the later rows of a kept id, which name it), then one of counts.
+    others of its buckets, which are all here). VERIFIED_SCHEMA rows: one per removed row, then
+    one of counts.
 
-    A candidate's number here is its first row's place in `rows`: within a component, input
-    order, which is all link_to_representatives needs (it compares only within buckets)."""
+    A candidate's number here is its row's index in `rows` (a row per candidate): within a
+    component, input order, which is all link_to_representatives needs (it compares only
+    within buckets)."""
     numbers = rows.column(CANDIDATE).to_numpy()  # [rows]: global candidate numbers
-    _, first = np.unique(numbers, return_index=True)
-    order = np.sort(first)  # local candidate -> its first row, in row order
     local = np.full(candidates, -1, dtype=np.int64)
-    local[numbers[order]] = np.arange(len(order))
+    local[numbers] = np.arange(len(numbers))
     mine = np.flatnonzero(local[members[bucket_starts[:-1]]] >= 0)  # this call's buckets
     buckets = [local[members[bucket_starts[b] : bucket_starts[b + 1]]].tolist() for b in mine]
     column = rows.column("shingles").combine_chunks()
     flat, offsets = column.values.to_numpy(), column.offsets.to_numpy()
-    shingles = [flat[offsets[row] : offsets[row + 1]] for row in order]
-    sizes = np.diff(offsets).astype(np.int64)[order]  # [candidates here]: shingle counts
+    shingles = [flat[offsets[row] : offsets[row + 1]] for row in range(len(numbers))]
+    sizes = np.diff(offsets).astype(np.int64)  # [rows]: shingle counts
     clustering = link_to_representatives(buckets, shingles, threshold)
-    kept_of = np.arange(len(order))
-    similarity = np.ones(len(order))
+    kept_of = np.arange(len(numbers))
+    similarity = np.ones(len(numbers))
     shared = sizes.copy()  # a kept candidate shares all its shingles with itself
     for link in clustering.links:
         kept_of[link.removed] = link.kept
         similarity[link.removed] = link.jaccard
         shared[link.removed] = link.shared
-    row_local = local[numbers]  # [rows]: each row's candidate here
-    is_copy = np.ones(len(numbers), dtype=bool)
-    is_copy[order] = False
-    removed = np.flatnonzero((kept_of[row_local] != row_local) | is_copy)
-    copies_kept = bool(np.any(is_copy & (kept_of[row_local] == row_local)))
-    gone, kept = row_local[removed], kept_of[row_local[removed]]
+    removed = np.flatnonzero(kept_of != np.arange(len(numbers)))
+    kept = kept_of[removed]
     ids = rows.column("id")
     removals = pa.table(
         {
             POSITION: rows.column(POSITION).take(removed),
             "id": ids.take(removed),
-            "duplicate_of": ids.take(order[kept]),
-            "similarity": similarity[gone],
+            "duplicate_of": ids.take(kept),
+            "similarity": similarity[removed],
             "source": rows.column("source").take(removed),
-            "shared_shingles": shared[gone],
-            "removed_shingles": sizes[gone],
+            "shared_shingles": shared[removed],
+            "removed_shingles": sizes[removed],
             "kept_shingles": sizes[kept],
         }
     )
@@ -277,7 +282,6 @@ def verify_partition(
         {
             "pairs_compared": [clustering.pairs_compared],
             "pairs_rejected": [clustering.pairs_rejected],
-            "copies_kept": [copies_kept],
         }
     )
     return pa.concat_tables(
@@ -305,7 +309,7 @@ def gather(table: pa.Table) -> Verification:
     return Verification(
         table_or_empty(removed, REMOVED_SCHEMA),
         table_or_empty(evidence, EVIDENCE_SCHEMA),
-        bool(pc.any(counts.column("copies_kept")).as_py()),
+        removals.column(POSITION).to_numpy().astype(np.uint64),
         int(pc.sum(counts.column("pairs_compared")).as_py() or 0),
         int(pc.sum(counts.column("pairs_rejected")).as_py() or 0),
     )

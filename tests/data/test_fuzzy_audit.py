@@ -168,21 +168,18 @@ def test_bucket_components_are_the_graphs_connected_components(nodes, edges):
     assert (labels[left] == labels[right]).all()
 
 
-def _groups_by_python(buckets: list[list[str]]) -> tuple[list[str], list[list[int]]]:
-    """The candidates numbered by first appearance and the distinct buckets in order of first
-    appearance, as numbers: computed here with dicts and tuples, not by keel."""
-    numbers: dict[str, int] = {}
+def _groups_by_python(buckets: list[list[int]]) -> tuple[list[int], list[list[int]]]:
+    """The candidates (sorted places) and the distinct buckets in order of first appearance, as
+    candidate numbers: computed here with sets, dicts and tuples, not by keel."""
+    places = sorted({place for bucket in buckets for place in bucket})
+    number = {place: index for index, place in enumerate(places)}
     distinct = dict.fromkeys(tuple(bucket) for bucket in buckets)
-    for bucket in buckets:
-        for doc_id in bucket:
-            numbers.setdefault(doc_id, len(numbers))
-    return list(numbers), [[numbers[doc_id] for doc_id in bucket] for bucket in distinct]
+    return places, [[number[place] for place in bucket] for bucket in distinct]
 
 
 @pytest.mark.parametrize("collide", [False, True])
 def test_candidate_groups_number_candidates_and_drop_repeated_buckets(monkeypatch, collide):
-    """A bucket found in several bands is verified once, and candidates keep their order of
-    first appearance (which decides the representatives). With every bucket hashed alike, the
+    """A bucket found in several bands is verified once. With every bucket hashed alike, the
     member-by-member check still tells different buckets apart."""
     if collide:
         monkeypatch.setattr(
@@ -192,11 +189,17 @@ def test_candidate_groups_number_candidates_and_drop_repeated_buckets(monkeypatc
         )
     rng = random.Random(7)
     made = [sorted(rng.sample(range(300), rng.randint(2, 5))) for _ in range(400)]
-    buckets = [[f"d{n}" for n in made[rng.randrange(len(made))]] for _ in range(1500)]
-    buckets += [["d1", "d2"], ["d2", "d1"], ["d1", "d2", "d2"]]  # order and repeats matter
-    groups = candidate_groups(pa.chunked_array([pa.array(buckets[:700]), pa.array(buckets[700:])]))
-    ids, distinct = _groups_by_python(buckets)
-    assert groups.ids.to_pylist() == ids
+    buckets = [[(n << 40) | n * 7 for n in made[rng.randrange(len(made))]] for _ in range(1500)]
+    buckets += [[1, 2], [2, 1], [1, 2, 2]]  # order and repeats matter
+    lists = pa.chunked_array(
+        [
+            pa.array(buckets[:700], pa.list_(pa.uint64())),
+            pa.array(buckets[700:], pa.list_(pa.uint64())),
+        ]
+    )
+    groups = candidate_groups(lists)
+    places, distinct = _groups_by_python(buckets)
+    assert groups.positions.tolist() == places
     starts = groups.bucket_starts
     found = [groups.members[starts[b] : starts[b + 1]].tolist() for b in range(len(starts) - 1)]
     assert found == distinct
@@ -205,5 +208,5 @@ def test_candidate_groups_number_candidates_and_drop_repeated_buckets(monkeypatc
 
 
 def test_candidate_groups_of_no_buckets():
-    groups = candidate_groups(pa.array([], pa.list_(pa.string())))
-    assert len(groups.ids) == 0 and groups.bucket_starts.tolist() == [0]
+    groups = candidate_groups(pa.array([], pa.list_(pa.uint64())))
+    assert len(groups.positions) == 0 and groups.bucket_starts.tolist() == [0]
