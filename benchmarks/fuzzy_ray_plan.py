@@ -75,17 +75,17 @@ class StageLines(logging.Handler):
 
 def timed_phases(module) -> tuple[dict[str, float], dict[str, int]]:
     """Wrap the phases of keel.data.fuzzy that run_fuzzy_dedup calls. Returns the dict their
-    seconds land in and the dict of what the driver collects: the buckets' member ids
-    (`bucket_members`, a bucket found in several bands once per band; `candidates`: distinct
-    ids) and the removals the reducers send back (`removed_rows`, `removed_bytes`:
-    removed.parquet's and evidence.parquet's rows)."""
+    seconds land in and the dict of what the driver collects: the buckets' members, places
+    in the input (`bucket_members`, a bucket found in several bands once per band;
+    `candidates`: distinct places) and the removals the reducers send back (`removed_rows`,
+    `removed_bytes`: removed.parquet's and evidence.parquet's rows)."""
     seconds: dict[str, float] = defaultdict(float)
     collected: dict[str, int] = {}
 
     def note(name: str, result) -> None:
         if name == "find_buckets":
             chunks = result.chunks if isinstance(result, pa.ChunkedArray) else [result]
-            flat = pa.chunked_array([chunk.flatten() for chunk in chunks], pa.string())
+            flat = pa.chunked_array([chunk.flatten() for chunk in chunks], result.type.value_type)
             collected["bucket_members"] = len(flat)
             collected["candidates"] = len(pc.unique(flat))
         elif name == "verify_candidates":
