@@ -27,7 +27,14 @@ How:
 
     pip install "polars>=1.0"   # only to measure; not a keel dependency
     python benchmarks/flow_bench.py [--docs 2000000] [--repeats 3] [--out DIR] [--contenders a,b]
+        [--keel-python /tmp/kvenv/bin/python]
     python benchmarks/flow_bench.py --smoke   # what CI runs: seconds
+
+--keel-python runs keel's contenders with the interpreter of an environment of keel's own
+dependencies (`python3 -m venv /tmp/kvenv && /tmp/kvenv/bin/pip install .`), importing this
+checkout's keel, as the peers run with only theirs: keel's test environment carries pandas
+(datasets and evaluate, for lm-eval), which pyarrow imports in every worker process that
+converts an array (~0.2 s each at start).
 
 --smoke: SMOKE_DOCS documents (~2 MB of text), 1 repeat, every contender as above (polars
 skipped, with one line, when it is not installed), each output checked, the table printed.
@@ -55,6 +62,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from measure import Peer, run_measured, runnable_contenders, scratch_directory
+
+REPO = Path(__file__).resolve().parents[1]
 
 FORMAT_VERSION = 1
 SEED = 20240611
@@ -314,11 +323,17 @@ def contender_main(name: str, glob: str, target: Path) -> None:
 # -- the parent: subprocesses, memory sampling, checks, table -------------------------------
 
 
-def run_contender(name: str, glob: str, target: Path) -> dict:
-    """One run of `name` in a fresh subprocess; its report plus peak RSS of its process tree."""
+def run_contender(name: str, glob: str, target: Path, keel_python: str | None = None) -> dict:
+    """One run of `name` in a fresh subprocess; its report plus peak RSS of its process tree.
+    keel's contenders run with `keel_python` when given (an environment of keel's own
+    dependencies), importing this checkout's keel."""
     shutil.rmtree(target, ignore_errors=True)
     environment = {**os.environ, "POLARS_MAX_THREADS": str(THREADS)}
-    command = [sys.executable, __file__, "--contender", name, "--glob", glob, "--target", target]
+    python = sys.executable
+    if keel_python and name.startswith("keel"):
+        python = keel_python
+        environment["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    command = [python, __file__, "--contender", name, "--glob", glob, "--target", target]
     report, peaks = run_measured(name, command, environment)
     return {**report, "peak_tree_rss": peaks["tree"], "peak_single_rss": peaks["single"]}
 
@@ -336,14 +351,16 @@ def check_output(name: str, target: Path, expected: pa.Table) -> None:
         raise SystemExit(f"{name}: some kept rows are not the first occurrence of their id")
 
 
-def benchmark(directory: Path, contenders: tuple[str, ...], repeats: int) -> dict[str, list[dict]]:
+def benchmark(
+    directory: Path, contenders: tuple[str, ...], repeats: int, keel_python: str | None = None
+) -> dict[str, list[dict]]:
     glob = str(directory / "data" / "*.parquet")
     expected = pq.read_table(directory / "expected.parquet").sort_by("id")
     runs: dict[str, list[dict]] = {name: [] for name in contenders}
     for repeat in range(repeats):
         for name in contenders:
             target = directory / "out" / name
-            run = run_contender(name, glob, target)
+            run = run_contender(name, glob, target, keel_python)
             check_output(name, target, expected)
             runs[name].append(run)
             print(
@@ -439,6 +456,11 @@ def parse_arguments() -> argparse.Namespace:
         default=",".join(CONTENDERS),
         help=f"comma-separated, of {', '.join(CONTENDERS)} (default: all)",
     )
+    parser.add_argument(
+        "--keel-python",
+        help="the python of an environment with keel's own dependencies (pip install .) for "
+        "keel's contenders, as a user installs it (they import this checkout's keel)",
+    )
     parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--glob", help=argparse.SUPPRESS)
     parser.add_argument("--target", type=Path, help=argparse.SUPPRESS)
@@ -460,17 +482,20 @@ def main() -> None:
     contenders = runnable_contenders(chosen, PEERS, smoke)
     with scratch_directory(arguments.out or (None if smoke else DEFAULT_OUT), "flow-bench-") as out:
         meta = ensure_input(out, docs)
-        runs = benchmark(out, contenders, repeats)
+        runs = benchmark(out, contenders, repeats, arguments.keel_python)
         summary = {name: medians(runs[name], meta["docs"]) for name in contenders}
         record = {
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "machine": versions(contenders),
+            "keel_python": arguments.keel_python or sys.executable,
             "input": meta,
             "summary": summary,
             "runs": runs,
         }
         (out / "results.json").write_text(json.dumps(record, indent=1))
     print(f"\n{versions(contenders)}")
+    if arguments.keel_python:
+        print(f"keel's contenders ran with {arguments.keel_python}")
     print(
         f"input: {meta['docs']:,} docs ({meta['unique']:,} unique), "
         f"{meta['text_bytes'] / MB:,.0f} MB of text, {meta['file_bytes'] / MB:,.0f} MB of Parquet"
