@@ -1,7 +1,9 @@
 """Paths that may be local directories or fsspec URLs (s3://, gs://, memory://, file://).
 
 Every keel function that takes a path takes either. These helpers keep the local case on plain `os`
-calls (fast, and atomic where POSIX is) and send everything else through fsspec.
+calls (fast, and atomic where POSIX is) and send everything else through fsspec, which is imported
+only then: its import (~35 ms: asyncio and ssl come with it) would otherwise be paid by every
+worker process of a local run.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ import posixpath
 import shutil
 import uuid
 from pathlib import Path
-from typing import IO, Any
-
-import fsspec
-from fsspec import AbstractFileSystem
+from typing import IO, TYPE_CHECKING, Any
 
 from keel.core.errors import UsageError
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 _LOCAL_PROTOCOLS = {"file", "local"}
 
@@ -24,6 +26,8 @@ _LOCAL_PROTOCOLS = {"file", "local"}
 def filesystem(path: str | os.PathLike[str]) -> tuple[AbstractFileSystem, str]:
     """The fsspec filesystem for `path` and the path as that filesystem spells it; a
     UsageError when that filesystem's package is not installed (s3fs for s3://)."""
+    import fsspec  # here: local paths never need it, and its import is ~35 ms (asyncio, ssl)
+
     try:
         return fsspec.core.url_to_fs(os.fspath(path))
     except ImportError as error:
@@ -116,6 +120,8 @@ def open_file(path: str | os.PathLike[str], mode: str = "rb") -> IO[Any]:
         if any(flag in mode for flag in "wax"):
             target.parent.mkdir(parents=True, exist_ok=True)
         return open(target, mode, encoding=None if "b" in mode else "utf-8")
+    import fsspec
+
     return fsspec.open(os.fspath(path), mode, encoding=None if "b" in mode else "utf-8").open()
 
 

@@ -131,6 +131,8 @@ def _split(batch: pa.RecordBatch, bucket: np.ndarray, buckets: int, streams: Spi
 
 
 def file_size(path: str) -> int:
+    if paths.is_local(path):
+        return paths.local_path(path).stat().st_size
     fs, fs_path = paths.filesystem(path)
     return int(fs.size(fs_path))
 
