@@ -20,7 +20,7 @@ and the later copy is removed like any near-duplicate.
 
 Why in the reducers: on the coordinator the verification ran on one core after every candidate's
 shingles were shipped to it (300,000 documents: 2.1 s of a 16 s run, ~150 MB of shingles); here
-it runs on the workers side by side, and the coordinator holds ids and counts. It is what a
+it runs on the workers side by side, and the coordinator holds places and counts. It is what a
 cluster-scale run needs (docs/benchmarks.md, the 1 TB plan).
 """
 
@@ -116,8 +116,8 @@ def _first_copies(numbers: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     if not len(sizes):
         return np.zeros(0, dtype=bool)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    places = np.arange(len(numbers)) - np.repeat(starts, sizes)  # each member's place in its bucket
-    hashes = np.add.reduceat(bucket_member_hashes(numbers, places), starts)
+    ranks = np.arange(len(numbers)) - np.repeat(starts, sizes)  # each member's index in its bucket
+    hashes = np.add.reduceat(bucket_member_hashes(numbers, ranks), starts)
     hashes = fmix64(hashes ^ sizes.astype(np.uint64))
     _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
     same = first[inverse]  # each bucket's first bucket of equal hash
@@ -139,10 +139,10 @@ def _first_copies(numbers: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return firsts
 
 
-def bucket_member_hashes(numbers: np.ndarray, places: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each (candidate number, place in its bucket): uint64 [len(numbers)]; a
+def bucket_member_hashes(numbers: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each (candidate number, index in its bucket): uint64 [len(numbers)]; a
     bucket's hash is their sum."""
-    return fmix64(numbers.astype(np.uint64) * _NUMBER_MIX ^ places.astype(np.uint64))
+    return fmix64(numbers.astype(np.uint64) * _NUMBER_MIX ^ ranks.astype(np.uint64))
 
 
 def components(count: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:

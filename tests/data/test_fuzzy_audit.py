@@ -185,7 +185,7 @@ def test_candidate_groups_number_candidates_and_drop_repeated_buckets(monkeypatc
         monkeypatch.setattr(
             fuzzy_verify,
             "bucket_member_hashes",
-            lambda numbers, places: np.zeros(len(numbers), np.uint64),
+            lambda numbers, ranks: np.zeros(len(numbers), np.uint64),
         )
     rng = random.Random(7)
     made = [sorted(rng.sample(range(300), rng.randint(2, 5))) for _ in range(400)]
