@@ -620,13 +620,10 @@ def run_once(name: str, source: Path, scratch: Path, python: str = sys.executabl
 
 def _environment(name: str) -> dict[str, str]:
     """A contender's environment variables: keel's import this checkout's keel, whichever
-    interpreter runs them (--keel-python's environment may hold an installed copy)."""
-    if not name.startswith("keel"):
-        return dict(os.environ)
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
+    interpreter runs them (measure.checkout_environment)."""
+    from measure import checkout_environment  # beside this script; the parent's side only
+
+    return checkout_environment(os.environ) if name.startswith("keel") else dict(os.environ)
 
 
 def keel_phases(source: Path, scratch: Path, python: str = sys.executable) -> str:

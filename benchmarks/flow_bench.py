@@ -61,9 +61,13 @@ import psutil
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from measure import Peer, run_measured, runnable_contenders, scratch_directory
-
-REPO = Path(__file__).resolve().parents[1]
+from measure import (
+    Peer,
+    checkout_environment,
+    run_measured,
+    runnable_contenders,
+    scratch_directory,
+)
 
 FORMAT_VERSION = 1
 SEED = 20240611
@@ -331,8 +335,7 @@ def run_contender(name: str, glob: str, target: Path, keel_python: str | None = 
     environment = {**os.environ, "POLARS_MAX_THREADS": str(THREADS)}
     python = sys.executable
     if keel_python and name.startswith("keel"):
-        python = keel_python
-        environment["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+        python, environment = keel_python, checkout_environment(environment)
     command = [python, __file__, "--contender", name, "--glob", glob, "--target", target]
     report, peaks = run_measured(name, command, environment)
     return {**report, "peak_tree_rss": peaks["tree"], "peak_single_rss": peaks["single"]}

@@ -1,5 +1,6 @@
 """What the benchmark scripts share: running a contender in a child process and measuring its
-peak memory, the peers a run can use, and a scratch directory that is cleaned up.
+peak memory, the environment that makes a keel contender import this checkout, the peers a run
+can use, and a scratch directory that is cleaned up.
 
 The scripts run as `python benchmarks/NAME.py`, so this module is importable beside them. A
 measured child prints one JSON object as its last stdout line; its resident memory and that of
@@ -16,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import subprocess
 import tempfile
 import threading
@@ -26,6 +28,16 @@ from pathlib import Path
 import psutil
 
 SAMPLE_SECONDS = 0.05
+REPO = Path(__file__).resolve().parents[1]
+
+
+def checkout_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    """`environment` with this checkout first on PYTHONPATH, so that a keel contender run by
+    another environment's interpreter (--keel-python, which may hold an installed copy of keel)
+    imports this checkout's keel. Empty entries are dropped: Python reads one as the working
+    directory."""
+    entries = [str(REPO), *(e for e in environment.get("PYTHONPATH", "").split(os.pathsep) if e)]
+    return {**environment, "PYTHONPATH": os.pathsep.join(entries)}
 
 
 def run_measured(
