@@ -185,9 +185,7 @@ def without_places(batch: pa.RecordBatch, places: np.ndarray) -> pa.RecordBatch:
     place column."""
     if len(places) == 0:
         return batch.drop_columns([inputs.POSITION_COLUMN])
-    mine = batch.column(inputs.POSITION_COLUMN).to_numpy()
-    at = np.searchsorted(places, mine)
-    removed = (at < len(places)) & (places[np.minimum(at, len(places) - 1)] == mine)
+    _, removed = inputs.find_places(places, batch.column(inputs.POSITION_COLUMN).to_numpy())
     kept = batch.filter(pa.array(~removed)) if removed.any() else batch
     return kept.drop_columns([inputs.POSITION_COLUMN])
 

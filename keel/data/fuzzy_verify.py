@@ -203,10 +203,8 @@ def verification_rows(
     """map_batches: the candidates (`positions`, sorted) among a batch of documents with their
     places -> (id, source, shingles: sorted distinct uint32, position, candidate number,
     component)."""
-    places = batch.column(POSITION).to_numpy()
-    numbers = np.minimum(np.searchsorted(positions, places), len(positions) - 1)
-    keep = positions[numbers] == places
-    batch, numbers = batch.filter(pa.array(keep)), numbers[keep].astype(np.int64)
+    numbers, keep = inputs.find_places(positions, batch.column(POSITION).to_numpy())
+    batch, numbers = batch.filter(pa.array(keep)), numbers[keep]
     flat, offsets = minhash.shingle_sets(batch.column(documents.TEXT_COLUMN), ngram)
     shingles = pa.ListArray.from_arrays(
         pa.array(offsets.astype(np.int32)), pa.array(flat, pa.uint32())

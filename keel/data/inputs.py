@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -49,6 +50,16 @@ _FILE = "__keel_input_file"
 POSITION_COLUMN = "__keel_position"
 """read_documents(positions=True): each document's place in the input, the same on every read
 (keel.flow.sources.with_positions): (file index << 40) | record number within the file."""
+
+
+def find_places(sorted_places: np.ndarray, places: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each of `places` is in `sorted_places` (uint64, ascending): its index there, int64
+    [len(places)] (meaningful only where found), and whether it is there, bool [len(places)].
+    How a later pass picks out the documents an earlier one chose by place."""
+    at = np.searchsorted(sorted_places, places)
+    found = at < len(sorted_places)
+    found[found] = sorted_places[at[found]] == places[found]
+    return at.astype(np.int64), found
 
 
 def input_format(input: Input) -> str:
