@@ -7,7 +7,8 @@
 
 By the input's files (a directory is a document set: its part-*.parquet files):
 - Parquet (a document set, a glob or a file): read as is; `columns` and `filter` are pushed down
-  into the reader. Documents without an `id` column get one computed from their text.
+  into the reader. Documents without an `id` column get one computed from their text (when
+  `columns` asks for ids or is not given).
 - JSONL (.jsonl, .json, .ndjson; plain, .gz or .zst): one document per record, its text in
   `text`; `id` the record's own when it is a string, else documents.document_id of the text;
   `source` the record's own when a string, else the file's path; `url` when the record has one.
@@ -96,7 +97,8 @@ def read_documents(
     if format == "parquet":
         schema = read_parquet(globs).source.schema
         names = () if schema is None else schema.names
-        if documents.ID_COLUMN in names or documents.TEXT_COLUMN not in names:
+        computed = documents.ID_COLUMN not in names and documents.TEXT_COLUMN in names
+        if not computed or (columns is not None and documents.ID_COLUMN not in columns):
             docs = read_parquet(globs, columns=columns, position_column=place)
         else:  # documents without ids: computed from the text, so every stage can name them
             read = None if columns is None else [c for c in columns if c != documents.ID_COLUMN]
