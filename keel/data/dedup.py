@@ -41,6 +41,7 @@ from keel.core import paths
 from keel.core.errors import UsageError
 from keel.data import documents, inputs
 from keel.data.inputs import Input
+from keel.data.places import PlaceTable
 from keel.flow import RunOptions, pooled, run_lengths
 
 STAGE = "exact_dedup"
@@ -98,16 +99,18 @@ def run_exact_dedup(
         removed = table_or_empty(found, REMOVED_SCHEMA)
         positions = _positions(found)
         order = np.argsort(positions, kind="stable")  # the removed rows in input order
+        removed_places = PlaceTable.of_places(staging, positions[order])
         with futures.ThreadPoolExecutor(1) as side:
             # removed.parquet is put in order and written while the workers run pass 2
             written = side.submit(lambda: write_removed(staging, removed.take(order)))
             # pass 2, whole documents: all but those, in input order
             result = (
                 inputs.read_documents(input, positions=True)
-                .map_batches(functools.partial(without_places, places=positions[order]))
+                .map_batches(functools.partial(without_places, removed=removed_places))
                 .write_parquet(staging, options=options, commit=False)
             )
             written.result()
+        paths.remove_tree(removed_places.directory)
         report = documents.StageReport(
             STAGE,
             documents_in=result.stages[0].rows_in,
@@ -180,13 +183,11 @@ def _positions(found: pa.Table) -> np.ndarray:
     return found.column(inputs.POSITION_COLUMN).to_numpy().astype(np.uint64)
 
 
-def without_places(batch: pa.RecordBatch, places: np.ndarray) -> pa.RecordBatch:
-    """map_batches: the documents whose place is not in `places` (sorted uint64), without the
-    place column."""
-    if len(places) == 0:
-        return batch.drop_columns([inputs.POSITION_COLUMN])
-    _, removed = inputs.find_places(places, batch.column(inputs.POSITION_COLUMN).to_numpy())
-    kept = batch.filter(pa.array(~removed)) if removed.any() else batch
+def without_places(batch: pa.RecordBatch, removed: PlaceTable) -> pa.RecordBatch:
+    """map_batches: the documents whose place `removed` does not hold, without the place
+    column."""
+    found = removed.has(batch.column(inputs.POSITION_COLUMN).to_numpy())
+    kept = batch.filter(pa.array(~found)) if found.any() else batch
     return kept.drop_columns([inputs.POSITION_COLUMN])
 
 

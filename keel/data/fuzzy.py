@@ -69,6 +69,7 @@ from keel.data.fuzzy_clusters import (
 )
 from keel.data.fuzzy_verify import candidate_groups, verify_candidates
 from keel.data.inputs import Input
+from keel.data.places import PlaceTable
 from keel.flow import RunOptions, pooled, run_lengths
 
 STAGE = "fuzzy_dedup"
@@ -141,17 +142,26 @@ def run_fuzzy_dedup(
     with documents.stage_output(output, input) as staging, pooled(options) as options:
         groups = candidate_groups(find_buckets(input, names, config, options))
         found = verify_candidates(
-            input, names, groups, config.ngram, config.threshold, config.num_shards, options
+            input,
+            names,
+            groups,
+            config.ngram,
+            config.threshold,
+            config.num_shards,
+            options,
+            scratch=staging,
         )
         removed = found.removed
         losses = source_losses(source_counts(input, names, options), removed["source"].to_pylist())
         check_source_losses(losses, config.max_source_drop, config.guard_min_documents)
         # the kept documents: all but the removed places, in input order
+        removed_places = PlaceTable.of_places(staging, found.positions)
         result = (
             inputs.read_documents(input, positions=True)  # ids computed where the input has none
-            .map_batches(functools.partial(without_places, places=found.positions))
+            .map_batches(functools.partial(without_places, removed=removed_places))
             .write_parquet(staging, options=options, commit=False)
         )
+        paths.remove_tree(removed_places.directory)
         write_removed(staging, removed)
         write_evidence(staging, found.evidence)
         report = documents.StageReport(

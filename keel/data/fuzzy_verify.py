@@ -7,10 +7,12 @@ connected set of candidates that share buckets (`components`, in numpy: scipy's
 connected_components would cost a process 0.45 s of imports). Clustering a
 component needs nothing outside it: a candidate is only compared with the representatives that
 share a bucket with it (fuzzy_clusters). So workers read the documents again, keep the candidates
-and compute their shingle sets (`verification_rows`); a group_batches on the component brings
-each component's rows together, in input order, in one reducer, which verifies and clusters its
-components (`verify_partition`) and returns a row per removal with its evidence and one row of
-counts; the coordinator only puts the removals in input order (`gather`).
+and compute their shingle sets (`verification_rows`, which finds each candidate's component and
+buckets in a places.PlaceTable: one file per input shard, written once, so no task carries the
+whole candidate set); a group_batches on the component brings each component's rows together,
+in input order, in one reducer, which rebuilds its buckets from the rows, verifies and clusters
+its components (`verify_partition`) and returns a row per removal with its evidence and one row
+of counts; the coordinator only puts the removals in input order (`gather`).
 
 Why places rather than ids: a place is 8 bytes, where an id is a string of tens: the band
 shuffle, the reducers' sorts, the buckets the coordinator collects (hundreds of millions of
@@ -33,15 +35,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from keel.core import paths
 from keel.data import documents, inputs, minhash
 from keel.data.dedup import REMOVED_SCHEMA, present, table_or_empty
 from keel.data.fuzzy_clusters import EVIDENCE_SCHEMA, link_to_representatives
 from keel.data.inputs import Input
+from keel.data.places import PlaceTable
 from keel.data.words import fmix64
 from keel.flow import RunOptions
 
 COMPONENT = "component"
-CANDIDATE = "candidate"
+BUCKETS = "buckets"
 POSITION = inputs.POSITION_COLUMN
 VERIFIED_SCHEMA = pa.schema(
     [
@@ -170,41 +174,56 @@ def verify_candidates(
     threshold: float,
     num_shards: int | None,
     options: RunOptions | None,
+    scratch: str,
 ) -> Verification:
     """Pass 2 (module doc): the candidates reread, shingled, shuffled by component and verified
-    and clustered in the reducers."""
+    and clustered in the reducers. What the workers need of the groups is written once, by
+    input shard, under `scratch` (places.PlaceTable; removed before returning)."""
     if not len(groups.positions):
         return gather(VERIFIED_SCHEMA.empty_table())
     columns = present(names, [documents.ID_COLUMN, documents.TEXT_COLUMN, documents.SOURCE_COLUMN])
     docs = inputs.read_documents(input, columns=columns, positions=True)  # ids added if missing
-    rows = functools.partial(
-        verification_rows,
-        positions=groups.positions,
-        components=groups.components,
-        ngram=ngram,
-    )
-    verify = functools.partial(
-        verify_partition,
-        bucket_starts=groups.bucket_starts,
-        members=groups.members,
-        candidates=len(groups.positions),
-        threshold=threshold,
-    )
+    candidates = PlaceTable.write(scratch, candidate_table(groups))
+    rows = functools.partial(verification_rows, candidates=candidates, ngram=ngram)
+    verify = functools.partial(verify_partition, threshold=threshold)
     shards = num_shards or max(1, docs.source.num_shards)
-    table = (
-        docs.map_batches(rows).group_batches(COMPONENT, verify, shards).to_table(options=options)
-    )
+    try:
+        table = (
+            docs.map_batches(rows)
+            .group_batches(COMPONENT, verify, shards)
+            .to_table(options=options)
+        )
+    finally:
+        paths.remove_tree(candidates.directory)
     return gather(table)
 
 
-def verification_rows(
-    batch: pa.RecordBatch, positions: np.ndarray, components: np.ndarray, ngram: int
-) -> pa.RecordBatch:
-    """map_batches: the candidates (`positions`, sorted) among a batch of documents with their
-    places -> (id, source, shingles: sorted distinct uint32, position, candidate number,
-    component)."""
-    numbers, keep = inputs.find_places(positions, batch.column(POSITION).to_numpy())
-    batch, numbers = batch.filter(pa.array(keep)), numbers[keep]
+def candidate_table(groups: CandidateGroups) -> pa.Table:
+    """A row per candidate, in input order: its place, its component and the numbers of its
+    buckets (ascending), which is all a worker needs of the groups: the members of a bucket are
+    the candidates that name it, all of them in one component."""
+    count = len(groups.positions)
+    sizes = np.diff(groups.bucket_starts)
+    bucket_of = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)  # [members]
+    by_candidate = np.argsort(groups.members, kind="stable")  # buckets ascending within each
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(groups.members, minlength=count))])
+    buckets = pa.LargeListArray.from_arrays(
+        pa.array(offsets.astype(np.int64)), pa.array(bucket_of[by_candidate])
+    )
+    return pa.table(
+        {
+            POSITION: pa.array(groups.positions, pa.uint64()),
+            COMPONENT: pa.array(groups.components, pa.int64()),
+            BUCKETS: buckets,
+        }
+    )
+
+
+def verification_rows(batch: pa.RecordBatch, candidates: PlaceTable, ngram: int) -> pa.RecordBatch:
+    """map_batches: the candidates among a batch of documents with their places -> (id, source,
+    shingles: sorted distinct uint32, position, buckets, component)."""
+    found, keep = candidates.rows_at(batch.column(POSITION).to_numpy())
+    batch = batch.filter(pa.array(keep))
     flat, offsets = minhash.shingle_sets(batch.column(documents.TEXT_COLUMN), ngram)
     shingles = pa.ListArray.from_arrays(
         pa.array(offsets.astype(np.int32)), pa.array(flat, pa.uint32())
@@ -221,47 +240,42 @@ def verification_rows(
             source,
             shingles,
             batch.column(POSITION),
-            pa.array(numbers),
-            pa.array(components[numbers]),
+            found.column(BUCKETS).combine_chunks(),
+            found.column(COMPONENT).combine_chunks(),
         ],
-        names=["id", "source", "shingles", POSITION, CANDIDATE, COMPONENT],
+        names=["id", "source", "shingles", POSITION, BUCKETS, COMPONENT],
     )
 
 
-def verify_partition(
-    rows: pa.Table,
-    starts: np.ndarray,
-    bucket_starts: np.ndarray,
-    members: np.ndarray,
-    candidates: int,
-    threshold: float,
-) -> pa.Table:
+def verify_partition(rows: pa.Table, starts: np.ndarray, threshold: float) -> pa.Table:
     """group_batches reducer: verify and cluster the components of `rows` (whole components,
     each one's rows in input order; `starts` are not needed: a candidate is only compared with
     others of its buckets, which are all here). VERIFIED_SCHEMA rows: one per removed row, then
     one of counts.
 
-    A candidate's number here is its row's index in `rows` (a row per candidate): within a
-    component, input order, which is all link_to_representatives needs (it compares only
-    within buckets)."""
-    numbers = rows.column(CANDIDATE).to_numpy()  # [rows]: global candidate numbers
-    local = np.full(candidates, -1, dtype=np.int64)
-    local[numbers] = np.arange(len(numbers))
-    mine = np.flatnonzero(local[members[bucket_starts[:-1]]] >= 0)  # this call's buckets
-    buckets = [local[members[bucket_starts[b] : bucket_starts[b + 1]]].tolist() for b in mine]
+    A candidate is named here by its row's index in `rows`: within a component, input order,
+    which is all link_to_representatives needs (it compares only within buckets). A bucket is
+    the rows that name it, in row order; the buckets go in the order of their numbers."""
+    lists = rows.column(BUCKETS).combine_chunks()
+    numbers = lists.flatten().to_numpy()  # bucket numbers, each row's in turn
+    owners = np.repeat(np.arange(rows.num_rows), np.diff(lists.offsets.to_numpy()))
+    order = np.lexsort((owners, numbers))
+    numbers, owners = numbers[order], owners[order]
+    cuts = np.flatnonzero(numbers[1:] != numbers[:-1]) + 1
+    buckets = [bucket.tolist() for bucket in np.split(owners, cuts)] if len(owners) else []
     column = rows.column("shingles").combine_chunks()
     flat, offsets = column.values.to_numpy(), column.offsets.to_numpy()
-    shingles = [flat[offsets[row] : offsets[row + 1]] for row in range(len(numbers))]
+    shingles = [flat[offsets[row] : offsets[row + 1]] for row in range(rows.num_rows)]
     sizes = np.diff(offsets).astype(np.int64)  # [rows]: shingle counts
     clustering = link_to_representatives(buckets, shingles, threshold)
-    kept_of = np.arange(len(numbers))
-    similarity = np.ones(len(numbers))
+    kept_of = np.arange(rows.num_rows)
+    similarity = np.ones(rows.num_rows)
     shared = sizes.copy()  # a kept candidate shares all its shingles with itself
     for link in clustering.links:
         kept_of[link.removed] = link.kept
         similarity[link.removed] = link.jaccard
         shared[link.removed] = link.shared
-    removed = np.flatnonzero(kept_of != np.arange(len(numbers)))
+    removed = np.flatnonzero(kept_of != np.arange(rows.num_rows))
     kept = kept_of[removed]
     ids = rows.column("id")
     removals = pa.table(
