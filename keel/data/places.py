@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,16 +64,12 @@ class PlaceTable:
         """The table's rows at `places` (a batch's, uint64), in their order, and which of
         `places` have one: (a table of the found rows, bool [len(places)])."""
         found = np.zeros(len(places), dtype=bool)
-        shards = places >> np.uint64(ROW_BITS)
         parts = []
-        for shard in np.unique(shards):  # one for a batch straight from a source task
-            mine = np.flatnonzero(shards == shard)
-            table = _shard_table(self.directory, int(shard))
-            at, hit = find_places(table.column(POSITION_COLUMN).to_numpy(), places[mine])
+        for mine, table, at, hit in self._lookups(places):
             found[mine[hit]] = True
             parts.append((mine[hit], table.take(at[hit])))
         if not parts:
-            return _shard_table(self.directory, None), found
+            return _shard_table(self.directory, None)[0], found
         if len(parts) == 1:
             return parts[0][1], found
         order = np.argsort(np.concatenate([index for index, _ in parts]), kind="stable")
@@ -80,7 +77,22 @@ class PlaceTable:
 
     def has(self, places: np.ndarray) -> np.ndarray:
         """Which of `places` the table has a row for: bool [len(places)]."""
-        return self.rows_at(places)[1]
+        found = np.zeros(len(places), dtype=bool)
+        for mine, _, _, hit in self._lookups(places):
+            found[mine[hit]] = True
+        return found
+
+    def _lookups(
+        self, places: np.ndarray
+    ) -> Iterator[tuple[np.ndarray, pa.Table, np.ndarray, np.ndarray]]:
+        """Per input shard among `places`: (the indices of its places, its table, where each
+        is in the table, whether it is there)."""
+        shards = places >> np.uint64(ROW_BITS)
+        for shard in np.unique(shards):  # one for a batch straight from a source task
+            mine = np.flatnonzero(shards == shard)
+            table, known = _shard_table(self.directory, int(shard))
+            at, hit = find_places(known, places[mine])
+            yield mine, table, at, hit
 
 
 def _shard_file(shard: int) -> str:
@@ -93,13 +105,16 @@ def _write_file(path: str, table: pa.Table) -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def _shard_table(directory: str, shard: int | None) -> pa.Table:
-    """One shard's rows (an empty table of the schema when it has none; `shard` None: the
-    schema's), read once per process: a worker's tasks of one shard share it."""
+def _shard_table(directory: str, shard: int | None) -> tuple[pa.Table, np.ndarray]:
+    """One shard's rows and their places, uint64 (an empty table of the schema when it has
+    none; `shard` None: the schema's), read once per process: a worker's tasks of one shard
+    share them."""
     path = paths.join(directory, _SCHEMA_FILE if shard is None else _shard_file(shard))
     if shard is not None and not paths.exists(path):
         return _shard_table(directory, None)
     if paths.is_local(path):
-        return pa.ipc.open_file(pa.memory_map(str(paths.local_path(path)))).read_all()
-    with paths.open_file(path, "rb") as handle:
-        return pa.ipc.open_file(handle).read_all()
+        table = pa.ipc.open_file(pa.memory_map(str(paths.local_path(path)))).read_all()
+    else:
+        with paths.open_file(path, "rb") as handle:
+            table = pa.ipc.open_file(handle).read_all()
+    return table, table.column(POSITION_COLUMN).to_numpy().astype(np.uint64)
