@@ -325,6 +325,9 @@ def _use_backend(backend: str | None) -> None:
         raise UsageError(f"--backend {backend!r}: use one of {', '.join(FLOW_BACKENDS)}")
     if backend == "ray":
         require_ray("--backend ray")
+        from keel.flow.backends.ray import keep_ray_until_exit
+
+        keep_ray_until_exit()  # one Ray for all the steps, started by the first that runs
     os.environ[BACKEND_ENV] = backend
 
 

@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +83,31 @@ def test_backends_opened_at_once_in_threads_share_one_ray_connection(ray_backend
         thread.join()
     assert errors == [] and counts == [50, 50, 50]
     assert from_items([{"n": 1}]).count(backend=ray_backend) == 1  # still connected
+
+
+def test_a_command_running_many_steps_starts_ray_once():
+    """`keel run --backend ray` keeps one Ray for all its steps: closing one step's backend and
+    opening the next one's neither shuts Ray down nor starts it again (starting it again for a
+    later step made Ray's driver abort, "Tried to create an owned object that already exists")."""
+    script = """
+import ray
+from keel.flow import from_items
+from keel.flow.backends.ray import RayBackend, keep_ray_until_exit
+
+keep_ray_until_exit()
+first = RayBackend(workers=1)
+assert from_items([{"n": 1}]).count(backend=first) == 1
+first.close()
+assert ray.is_initialized()
+node = ray.get_runtime_context().get_node_id()
+second = RayBackend(workers=1)
+assert from_items([{"n": 2}]).count(backend=second) == 1
+second.close()
+assert ray.get_runtime_context().get_node_id() == node
+print("one ray")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "one ray" in done.stdout
