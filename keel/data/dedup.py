@@ -99,8 +99,10 @@ def run_exact_dedup(
         removed = table_or_empty(found, REMOVED_SCHEMA)
         positions = _positions(found)
         order = np.argsort(positions, kind="stable")  # the removed rows in input order
-        removed_places = PlaceTable.of_places(staging, positions[order])
-        with futures.ThreadPoolExecutor(1) as side:
+        with (
+            PlaceTable.of_places(staging, positions[order]) as removed_places,
+            futures.ThreadPoolExecutor(1) as side,
+        ):
             # removed.parquet is put in order and written while the workers run pass 2
             written = side.submit(lambda: write_removed(staging, removed.take(order)))
             # pass 2, whole documents: all but those, in input order
@@ -110,7 +112,6 @@ def run_exact_dedup(
                 .write_parquet(staging, options=options, commit=False)
             )
             written.result()
-        paths.remove_tree(removed_places.directory)
         report = documents.StageReport(
             STAGE,
             documents_in=result.stages[0].rows_in,

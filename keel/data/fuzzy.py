@@ -155,13 +155,12 @@ def run_fuzzy_dedup(
         losses = source_losses(source_counts(input, names, options), removed["source"].to_pylist())
         check_source_losses(losses, config.max_source_drop, config.guard_min_documents)
         # the kept documents: all but the removed places, in input order
-        removed_places = PlaceTable.of_places(staging, found.positions)
-        result = (
-            inputs.read_documents(input, positions=True)  # ids computed where the input has none
-            .map_batches(functools.partial(without_places, removed=removed_places))
-            .write_parquet(staging, options=options, commit=False)
-        )
-        paths.remove_tree(removed_places.directory)
+        with PlaceTable.of_places(staging, found.positions) as removed_places:
+            result = (
+                inputs.read_documents(input, positions=True)  # ids computed where none given
+                .map_batches(functools.partial(without_places, removed=removed_places))
+                .write_parquet(staging, options=options, commit=False)
+            )
         write_removed(staging, removed)
         write_evidence(staging, found.evidence)
         report = documents.StageReport(

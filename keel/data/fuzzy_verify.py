@@ -35,7 +35,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from keel.core import paths
 from keel.data import documents, inputs, minhash
 from keel.data.dedup import REMOVED_SCHEMA, present, table_or_empty
 from keel.data.fuzzy_clusters import EVIDENCE_SCHEMA, link_to_representatives
@@ -183,18 +182,15 @@ def verify_candidates(
         return gather(VERIFIED_SCHEMA.empty_table())
     columns = present(names, [documents.ID_COLUMN, documents.TEXT_COLUMN, documents.SOURCE_COLUMN])
     docs = inputs.read_documents(input, columns=columns, positions=True)  # ids added if missing
-    candidates = PlaceTable.write(scratch, candidate_table(groups))
-    rows = functools.partial(verification_rows, candidates=candidates, ngram=ngram)
     verify = functools.partial(verify_partition, threshold=threshold)
     shards = num_shards or max(1, docs.source.num_shards)
-    try:
+    with PlaceTable.write(scratch, candidate_table(groups)) as candidates:
+        rows = functools.partial(verification_rows, candidates=candidates, ngram=ngram)
         table = (
             docs.map_batches(rows)
             .group_batches(COMPONENT, verify, shards)
             .to_table(options=options)
         )
-    finally:
-        paths.remove_tree(candidates.directory)
     return gather(table)
 
 

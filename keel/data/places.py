@@ -9,10 +9,10 @@ input shard in a directory beside the stage's output (so every worker of a clust
 a task reads only the file of the shard its batch comes from, once per process, and looks its
 batch's places up there.
 
-    table = PlaceTable.write(staging, removed)  # POSITION_COLUMN ascending; then, in a task:
-    rows, found = table.rows_at(batch.column(POSITION_COLUMN).to_numpy())
-    ...
-    paths.remove_tree(table.directory)  # before the staging directory is committed
+    with PlaceTable.write(staging, removed) as table:  # POSITION_COLUMN ascending
+        ...  # a flow run whose map function, in each task, calls:
+        rows, found = table.rows_at(batch.column(POSITION_COLUMN).to_numpy())
+    # the block's end removes the table's directory, before the staging one is committed
 """
 
 from __future__ import annotations
@@ -38,6 +38,13 @@ class PlaceTable:
 
     directory: str
 
+    def __enter__(self) -> PlaceTable:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """The table's directory removed (a stage's scratch, not part of its output)."""
+        paths.remove_tree(self.directory)
+
     @classmethod
     def write(cls, parent: str, table: pa.Table) -> PlaceTable:
         """Write `table` (a uint64 POSITION_COLUMN, ascending, and any other columns) as one
@@ -47,7 +54,7 @@ class PlaceTable:
         paths.make_dirs(directory)
         _write_file(paths.join(directory, _SCHEMA_FILE), table.schema.empty_table())
         places = table.column(POSITION_COLUMN).to_numpy()
-        shards = places >> np.uint64(ROW_BITS)
+        shards = _shards(places)
         bounds = np.flatnonzero(shards[1:] != shards[:-1]) + 1
         for start, end in zip(np.append(0, bounds), np.append(bounds, len(places)), strict=True):
             if end > start:
@@ -87,12 +94,17 @@ class PlaceTable:
     ) -> Iterator[tuple[np.ndarray, pa.Table, np.ndarray, np.ndarray]]:
         """Per input shard among `places`: (the indices of its places, its table, where each
         is in the table, whether it is there)."""
-        shards = places >> np.uint64(ROW_BITS)
+        shards = _shards(places)
         for shard in np.unique(shards):  # one for a batch straight from a source task
             mine = np.flatnonzero(shards == shard)
             table, known = _shard_table(self.directory, int(shard))
             at, hit = find_places(known, places[mine])
             yield mine, table, at, hit
+
+
+def _shards(places: np.ndarray) -> np.ndarray:
+    """The input shard of each place (its high bits: keel.flow.keys.order_values), uint64."""
+    return places >> np.uint64(ROW_BITS)
 
 
 def _shard_file(shard: int) -> str:
