@@ -8,6 +8,7 @@ worker process of a local run.
 
 from __future__ import annotations
 
+import glob
 import os
 import posixpath
 import shutil
@@ -205,3 +206,19 @@ def list_dir(path: str | os.PathLike[str]) -> list[str]:
     if not fs.exists(fs_path):
         return []
     return sorted(posixpath.basename(entry.rstrip("/")) for entry in fs.ls(fs_path, detail=False))
+
+
+def glob_files(pattern: str | os.PathLike[str]) -> list[str]:
+    """The files a glob (or a plain path) names, sorted: local paths absolute, as fsspec spells
+    them (`*` matches names that start with a dot too, `**` any depth); URLs with their
+    protocol. A plain path that is a directory or missing gives []."""
+    text = os.fspath(pattern)
+    wildcard = any(c in text for c in "*?[")
+    if is_local(text):
+        path = os.path.join(os.getcwd(), os.path.expanduser(str(local_path(text))))
+        matches = glob.glob(path, recursive=True, include_hidden=True) if wildcard else [path]
+        return sorted(match for match in matches if os.path.isfile(match))
+    fs, fs_path = filesystem(text)
+    matches = sorted(fs.glob(fs_path)) if wildcard else [fs_path]
+    protocol = text.split("://", 1)[0] + "://"
+    return [m if "://" in m else protocol + m for m in matches if fs.isfile(m)]

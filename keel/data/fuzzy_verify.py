@@ -188,7 +188,7 @@ def verify_candidates(
         rows = functools.partial(verification_rows, candidates=candidates, ngram=ngram)
         table = (
             docs.map_batches(rows)
-            .group_batches(COMPONENT, verify, shards)
+            .group_batches(COMPONENT, verify, shards, sort_by_key=False)
             .to_table(options=options)
         )
     return gather(table)
@@ -243,11 +243,11 @@ def verification_rows(batch: pa.RecordBatch, candidates: PlaceTable, ngram: int)
     )
 
 
-def verify_partition(rows: pa.Table, starts: np.ndarray, threshold: float) -> pa.Table:
-    """group_batches reducer: verify and cluster the components of `rows` (whole components,
-    each one's rows in input order; `starts` are not needed: a candidate is only compared with
-    others of its buckets, which are all here). VERIFIED_SCHEMA rows: one per removed row, then
-    one of counts.
+def verify_partition(rows: pa.Table, starts: None, threshold: float) -> pa.Table:
+    """group_batches reducer, unsorted: verify and cluster the components of `rows` (whole
+    components, the rows in input order; a candidate is only compared with others of its
+    buckets, which are all here). VERIFIED_SCHEMA rows: one per removed row, then one of
+    counts.
 
     A candidate is named here by its row's index in `rows`: within a component, input order,
     which is all link_to_representatives needs (it compares only within buckets). A bucket is

@@ -92,14 +92,22 @@ class Dataset:
         return self._then(GroupBy(key, reducer, self._shards(num_shards), combiner))
 
     def group_batches(
-        self, key: str, reducer: BatchReducer, num_shards: int | None = None
+        self,
+        key: str,
+        reducer: BatchReducer,
+        num_shards: int | None = None,
+        sort_by_key: bool = True,
     ) -> Dataset:
         """group_by for a reducer written over Arrow: `reducer(table, starts)` once per shuffle
         partition (or per memory-budget part of one; a key's rows are never split), the table's
         rows sorted so that each value of the `key` column is one run, its rows in input order,
         and `starts` the index of each run's first row ([runs], int64). It returns a table (or
-        None): one call per partition, not one per key, so no Python runs per row."""
-        return self._then(GroupBatches(key, reducer, self._shards(num_shards)))
+        None): one call per partition, not one per key, so no Python runs per row.
+
+        sort_by_key=False: the rows come in input order, not sorted, and `starts` is None, for a
+        reducer that needs only each key's rows in one call (it saves a sort and a copy of every
+        column)."""
+        return self._then(GroupBatches(key, reducer, self._shards(num_shards), sort_by_key))
 
     def deduplicate(self, key: Key, num_shards: int | None = None) -> Dataset:
         """One row per key: the first in input order (source shard, then row)."""

@@ -30,7 +30,7 @@ Key = str | KeyFunction
 Reducer = Callable[[Any, list[Row]], Iterable[Row] | Row | None]
 """group_by's reducer: (key, rows of that key in input order) -> output rows (or one row)."""
 
-BatchReducer = Callable[[pa.Table, np.ndarray], pa.Table | None]
+BatchReducer = Callable[[pa.Table, np.ndarray | None], pa.Table | None]
 """group_batches' reducer: (rows sorted so that each key's rows are adjacent and in input order,
 the index of each key's first row [keys]) -> output rows, or None for none."""
 
@@ -76,6 +76,7 @@ class GroupBatches:
     key: str
     reducer: BatchReducer
     num_shards: int
+    sort_by_key: bool = True
 
 
 @dataclass(frozen=True)

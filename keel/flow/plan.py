@@ -127,7 +127,8 @@ def _name(op: object) -> str:
             f"group_by({_key(op.key)}, {op.num_shards} shards{', combiner' if op.combiner else ''})"
         )
     if isinstance(op, GroupBatches):
-        return f"group_batches({_key(op.key)}, {_fn(op.reducer)}, {op.num_shards} shards)"
+        unsorted = "" if op.sort_by_key else ", unsorted"
+        return f"group_batches({_key(op.key)}, {_fn(op.reducer)}, {op.num_shards} shards{unsorted})"
     if isinstance(op, Deduplicate):
         return f"deduplicate({_key(op.key)}, {op.num_shards} shards)"
     if isinstance(op, Repartition):

@@ -168,18 +168,12 @@ def expand(pattern: str | Sequence[str]) -> tuple[str, ...]:
     patterns = [pattern] if isinstance(pattern, str) else list(pattern)
     found: list[str] = []
     for item in patterns:
-        fs, fs_path = paths.filesystem(item)
-        matches = sorted(fs.glob(fs_path)) if any(c in fs_path for c in "*?[") else [fs_path]
-        matches = [m for m in matches if fs.isfile(m)]
-        if not matches and not _is_committed_output(fs, posixpath.dirname(fs_path)):
+        matches = paths.glob_files(item)
+        marker = paths.join(posixpath.dirname(item.rstrip("/")) or ".", SUCCESS_MARKER)
+        if not matches and not paths.exists(marker):
             raise UsageError(f"no input files match {item}")
-        protocol = item.split("://", 1)[0] + "://" if "://" in item else ""
-        found.extend(f"{protocol}{m}" if protocol and "://" not in m else m for m in matches)
+        found.extend(matches)
     return tuple(dict.fromkeys(found))
-
-
-def _is_committed_output(fs, directory: str) -> bool:
-    return fs.isfile(posixpath.join(directory, SUCCESS_MARKER))
 
 
 def uncompressed_name(path: str) -> str:

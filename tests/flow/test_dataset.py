@@ -108,6 +108,24 @@ def test_group_batches_gives_each_key_one_run_in_input_order(pool):
         assert (row["first"], row["count"]) == (key, len(row["ns"]))
 
 
+def _partition_keys(rows: pa.Table, starts: None) -> pa.Table:
+    """unsorted group_batches reducer: one row per call, its rows' ids and ns as they came."""
+    assert starts is None
+    return pa.table({"ids": [rows.column("id").to_pylist()], "ns": [rows.column("n").to_pylist()]})
+
+
+def test_unsorted_group_batches_gives_each_key_to_one_call_in_input_order(pool):
+    unsorted = from_items(ROWS, 4).group_batches("id", _partition_keys, 3, sort_by_key=False)
+    assert "unsorted" in unsorted.explain()
+    calls = unsorted.to_table(backend=pool).to_pylist()
+    assert sorted(n for call in calls for n in call["ns"]) == list(range(100))
+    for call in calls:
+        assert call["ns"] == sorted(call["ns"])  # input order, not grouped by key
+        others = [n for other in calls if other is not call for n in other["ns"]]
+        assert not set(call["ids"]) & {n % 7 for n in others}  # a key's rows: all in one call
+    assert any(call["ids"] != sorted(call["ids"]) for call in calls)  # really not sorted
+
+
 def test_positions_place_each_row_the_same_on_every_read(pool, tmp_path):
     for name, rows in (("a", 3), ("b", 2)):
         pq.write_table(pa.table({"n": list(range(rows))}), tmp_path / f"{name}.parquet")
