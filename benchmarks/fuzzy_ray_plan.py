@@ -76,7 +76,7 @@ class StageLines(logging.Handler):
 def timed_phases(module) -> tuple[dict[str, float], dict[str, int]]:
     """Wrap the phases of keel.data.fuzzy that run_fuzzy_dedup calls. Returns the dict their
     seconds land in and the dict of what the driver collects: the buckets' members, places
-    in the input (`bucket_members`, a bucket found in several bands once per band;
+    in the input (`bucket_members`, each distinct bucket once;
     `candidates`: distinct places) and the removals the reducers send back (`removed_rows`,
     `removed_bytes`: removed.parquet's and evidence.parquet's rows)."""
     seconds: dict[str, float] = defaultdict(float)

@@ -67,7 +67,12 @@ from keel.data.fuzzy_clusters import (
     check_source_losses,
     source_losses,
 )
-from keel.data.fuzzy_verify import candidate_groups, verify_candidates
+from keel.data.fuzzy_verify import (
+    bucket_fingerprints,
+    candidate_groups,
+    first_copies,
+    verify_candidates,
+)
 from keel.data.inputs import Input
 from keel.data.places import PlaceTable
 from keel.flow import RunOptions, pooled, run_lengths
@@ -75,6 +80,7 @@ from keel.flow import RunOptions, pooled, run_lengths
 STAGE = "fuzzy_dedup"
 REASON = "near_duplicate"
 _BAND = "band"
+_FINGERPRINT = "fingerprint"
 
 
 @dataclass(frozen=True)
@@ -224,9 +230,11 @@ def write_evidence(output: str, evidence: pa.Table) -> None:
 def find_buckets(
     input: Input, names: list[str] | None, config: FuzzyDedupConfig, options: RunOptions
 ) -> pa.ChunkedArray | pa.ListArray:
-    """Every LSH bucket of two or more documents, as a list of their places in the input
-    (keel.data.inputs' position column), in input order; a bucket found in several bands (a
-    near-duplicate pair shares most) comes once per band."""
+    """Every LSH bucket of two or more documents, once, as a list of their places in the input
+    (keel.data.inputs' position column), in input order. A bucket found in several bands (a
+    near-duplicate pair shares most: 590,000 buckets are 92,000 distinct ones at 300,000
+    documents) is sent once to this process: a second shuffle, by the buckets' fingerprints,
+    brings the copies of each to one worker, which keeps the first."""
     docs = inputs.read_documents(
         input, columns=present(names, [documents.TEXT_COLUMN]), positions=True
     )
@@ -234,6 +242,7 @@ def find_buckets(
     table = (
         docs.map_batches(functools.partial(band_rows, config=config))
         .group_batches(_BAND, bucket_members, num_shards=num_shards)
+        .group_batches(_FINGERPRINT, distinct_buckets, num_shards=num_shards, sort_by_key=False)
         .to_table(options=options)
     )
     if not table.num_rows:
@@ -257,10 +266,27 @@ def band_rows(batch: pa.RecordBatch, config: FuzzyDedupConfig) -> pa.RecordBatch
 
 def bucket_members(rows: pa.Table, starts: np.ndarray) -> pa.Table:
     """group_batches reducer: the places of each bucket's documents (a run of one band key, two
-    or more documents), in input order: a table of one `members` list per such bucket."""
+    or more documents), in input order: a table of one `members` list per such bucket, with
+    its fingerprint (fuzzy_verify.bucket_fingerprints)."""
     runs = run_lengths(starts, rows.num_rows)
     shared = runs >= 2
     places = rows.column(inputs.POSITION_COLUMN).to_numpy()
     members = places[np.flatnonzero(np.repeat(shared, runs))]
-    offsets = np.concatenate([[0], np.cumsum(runs[shared])]).astype(np.int32)
-    return pa.table({"members": pa.ListArray.from_arrays(pa.array(offsets), pa.array(members))})
+    sizes = runs[shared]
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    return pa.table(
+        {
+            # int64: flow hashes int64 keys in numpy (uint64 above 2**63 one by one)
+            _FINGERPRINT: pa.array(bucket_fingerprints(members, sizes).view(np.int64)),
+            "members": pa.ListArray.from_arrays(pa.array(offsets), pa.array(members)),
+        }
+    )
+
+
+def distinct_buckets(rows: pa.Table, starts: None) -> pa.Table:
+    """group_batches reducer, unsorted: the first copy of each bucket among `rows` (all copies
+    of a bucket come to the same reducer: they share a fingerprint)."""
+    lists = rows.column("members").combine_chunks()
+    members = lists.flatten().to_numpy()
+    firsts = first_copies(members, np.diff(lists.offsets.to_numpy()))
+    return pa.table({"members": lists.filter(pa.array(firsts))})

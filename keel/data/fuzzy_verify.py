@@ -101,7 +101,7 @@ def candidate_groups(buckets: pa.ListArray | pa.ChunkedArray) -> CandidateGroups
     flat = buckets.flatten().to_numpy().astype(np.uint64)
     positions, numbers = np.unique(flat, return_inverse=True)
     sizes = np.diff(buckets.offsets.to_numpy()).astype(np.int64)
-    firsts = _first_copies(numbers, sizes)
+    firsts = first_copies(numbers, sizes)
     members = numbers[np.repeat(firsts, sizes)]
     sizes = sizes[firsts]
     bucket_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
@@ -111,28 +111,39 @@ def candidate_groups(buckets: pa.ListArray | pa.ChunkedArray) -> CandidateGroups
     )
 
 
-def _first_copies(numbers: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Which buckets are the first of their members (`numbers`, the buckets' members one after
-    another; `sizes` [buckets]): bool [buckets]. Buckets are matched by a hash of their members
-    in order, then checked member by member; where two different buckets share a hash (odds
-    ~2**-64 per pair), they are told apart by their members as tuples."""
+def bucket_fingerprints(members: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each bucket's members in order (`members`, the buckets' members one
+    after another, any integers; `sizes` [buckets]): uint64 [buckets]. Equal buckets have equal
+    fingerprints; different ones share one with odds ~2**-64 a pair."""
+    if not len(sizes):
+        return np.zeros(0, dtype=np.uint64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    ranks = np.arange(len(members)) - np.repeat(starts, sizes)  # each member's index in its bucket
+    mixed = fmix64(members.astype(np.uint64) * _NUMBER_MIX ^ ranks.astype(np.uint64))
+    return fmix64(np.add.reduceat(mixed, starts) ^ sizes.astype(np.uint64))
+
+
+def first_copies(members: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Which buckets are the first of their members (`members`, the buckets' members one after
+    another; `sizes` [buckets]): bool [buckets]. Buckets are matched by their fingerprints, then
+    checked member by member; where two different buckets share a fingerprint (odds ~2**-64 per
+    pair), they are told apart by their members as tuples."""
     if not len(sizes):
         return np.zeros(0, dtype=bool)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    ranks = np.arange(len(numbers)) - np.repeat(starts, sizes)  # each member's index in its bucket
-    hashes = np.add.reduceat(bucket_member_hashes(numbers, ranks), starts)
-    hashes = fmix64(hashes ^ sizes.astype(np.uint64))
-    _, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
-    same = first[inverse]  # each bucket's first bucket of equal hash
+    _, first, inverse = np.unique(
+        bucket_fingerprints(members, sizes), return_index=True, return_inverse=True
+    )
+    same = first[inverse]  # each bucket's first bucket of equal fingerprint
     apart = sizes != sizes[same]
     compared = ~apart
     shift = np.repeat(np.where(compared, starts[same] - starts, 0), sizes)
-    unequal = numbers[np.arange(len(numbers)) + shift] != numbers
+    unequal = members[np.arange(len(members)) + shift] != members
     apart |= np.logical_or.reduceat(unequal, starts) & compared
-    if apart.any():  # a hash collision: the exact way
+    if apart.any():  # a collision: the exact way
         seen: set[tuple[int, ...]] = set()
         firsts = np.zeros(len(sizes), dtype=bool)
-        for index, bucket in enumerate(np.split(numbers, np.cumsum(sizes)[:-1])):
+        for index, bucket in enumerate(np.split(members, np.cumsum(sizes)[:-1])):
             key = tuple(bucket.tolist())
             firsts[index] = key not in seen
             seen.add(key)
@@ -140,12 +151,6 @@ def _first_copies(numbers: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     firsts = np.zeros(len(sizes), dtype=bool)
     firsts[first] = True
     return firsts
-
-
-def bucket_member_hashes(numbers: np.ndarray, ranks: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each (candidate number, index in its bucket): uint64 [len(numbers)]; a
-    bucket's hash is their sum."""
-    return fmix64(numbers.astype(np.uint64) * _NUMBER_MIX ^ ranks.astype(np.uint64))
 
 
 def components(count: int, left: np.ndarray, right: np.ndarray) -> np.ndarray:

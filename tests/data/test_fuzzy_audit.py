@@ -184,8 +184,8 @@ def test_candidate_groups_number_candidates_and_drop_repeated_buckets(monkeypatc
     if collide:
         monkeypatch.setattr(
             fuzzy_verify,
-            "bucket_member_hashes",
-            lambda numbers, ranks: np.zeros(len(numbers), np.uint64),
+            "bucket_fingerprints",
+            lambda members, sizes: np.zeros(len(sizes), np.uint64),
         )
     rng = random.Random(7)
     made = [sorted(rng.sample(range(300), rng.randint(2, 5))) for _ in range(400)]
