@@ -48,8 +48,7 @@ PHASES = {
     "find_buckets": "pass 1: read, signatures, band keys, band shuffle",
     "candidate_groups": "candidates numbered, buckets' components (driver)",
     "verify_candidates": "pass 2: candidates reread, shingled, verified in the reducers",
-    "source_counts": "per-source counts",
-    "write": "kept documents filtered and written, side tables, commit",
+    "write": "kept documents filtered and written (and sources counted), side tables, commit",
 }
 DRIVER_PHASES = ("candidate_groups",)
 WORKER_COUNTS = (64, 256, 1024)

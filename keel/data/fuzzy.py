@@ -4,20 +4,22 @@
 
     report = run_fuzzy_dedup("unique_docs/", "fuzzy_docs/", FuzzyDedupConfig(threshold=0.8))
 
-How (four passes over the input, each on keel/flow workers):
+How (three passes over the input, each on keel/flow workers):
 1. Signatures and buckets: workers compute each document's MinHash signature (minhash.py) and its
-   band keys; a group_batches on the band key collects each bucket; buckets of two or more
-   documents come back to the coordinator as lists of their places in the input (uint64
-   positions), in input order. Only (band key, place) pairs are shuffled, 14 rows of 16 bytes
-   per document.
+   band keys; a group_batches on the band key collects each bucket, and a second on the bucket's
+   fingerprint keeps one copy of a bucket found in several bands; buckets of two or more
+   documents come back to the coordinator, once each, as lists of their places in the input
+   (uint64 positions), in input order. Only (band key, place) pairs are shuffled, 14 rows of 16
+   bytes per document.
 2. Verification (fuzzy_verify.py): the coordinator numbers the candidates (the documents found in
    some bucket) and finds the components of the buckets; workers read the documents again and
    compute the candidates' shingle sets (minhash.shingle_sets: the sorted distinct 32-bit hashes
    of their word n-grams); a group_batches on the component brings each component to one
    reducer, which verifies and clusters it (fuzzy_clusters.py) and sends back only the removals
    and their evidence.
-3. Sources: documents per source, counted from the source column alone.
-4. The kept documents: the input without the removed places, written by keel/flow in input order.
+3. The kept documents: the input without the removed places, written by keel/flow in input
+   order; the same pass counts each source's documents (set aside by the write), and the source
+   guard checks them before the output is committed.
 Verification and clustering: each candidate is compared, on the true Jaccard of the shingle sets
 (not the signature's estimate), with the representatives (kept documents) it shares a bucket
 with; at `threshold` or above it is removed and linked to the most similar of them, else it
@@ -81,6 +83,8 @@ STAGE = "fuzzy_dedup"
 REASON = "near_duplicate"
 _BAND = "band"
 _FINGERPRINT = "fingerprint"
+_COUNT_COLUMNS = ("__keel_counted_source", "__keel_source_count")
+"""The side rows of the kept-documents write: a source and its documents in one batch."""
 
 
 @dataclass(frozen=True)
@@ -158,15 +162,16 @@ def run_fuzzy_dedup(
             scratch=staging,
         )
         removed = found.removed
-        losses = source_losses(source_counts(input, names, options), removed["source"].to_pylist())
-        check_source_losses(losses, config.max_source_drop, config.guard_min_documents)
-        # the kept documents: all but the removed places, in input order
+        # the kept documents: all but the removed places, in input order; the same pass counts
+        # each source's documents, set aside, and the guard checks them before the commit
         with PlaceTable.of_places(staging, found.positions) as removed_places:
             result = (
                 inputs.read_documents(input, positions=True)  # ids computed where none given
-                .map_batches(functools.partial(without_places, removed=removed_places))
-                .write_parquet(staging, options=options, commit=False)
+                .map_batches(functools.partial(kept_and_counted, removed=removed_places))
+                .write_parquet(staging, options=options, commit=False, aside=_COUNT_COLUMNS)
             )
+        losses = source_losses(_source_totals(result.aside), removed["source"].to_pylist())
+        check_source_losses(losses, config.max_source_drop, config.guard_min_documents)
         write_removed(staging, removed)
         write_evidence(staging, found.evidence)
         report = documents.StageReport(
@@ -188,36 +193,34 @@ def run_fuzzy_dedup(
     return report
 
 
-def source_counts(input: Input, names: list[str] | None, options: RunOptions) -> dict[str, int]:
-    """Documents per source (NO_SOURCE for none), counted in one pass over the source column."""
-    if names is not None and documents.SOURCE_COLUMN not in names:
-        column = documents.TEXT_COLUMN  # no sources: count rows of any column
-    else:
-        column = documents.SOURCE_COLUMN
-    table = (
-        inputs.read_documents(input, columns=[column])
-        .map_batches(functools.partial(_count_sources, column=column))
-        .to_table(options=options)
+def kept_and_counted(batch: pa.RecordBatch, removed: PlaceTable) -> pa.Table:
+    """map_batches of the kept-documents write: the documents whose place `removed` does not
+    hold (without the place column), then a side row per source of the whole batch with its
+    count (_COUNT_COLUMNS, set aside by the write: the per-source totals of the guard, counted
+    in the pass that reads every document anyway)."""
+    kept = pa.Table.from_batches([without_places(batch, removed)])
+    if documents.SOURCE_COLUMN in batch.schema.names:
+        sources = batch.column(documents.SOURCE_COLUMN).fill_null(NO_SOURCE)
+    else:  # a set without sources: all its documents are NO_SOURCE
+        sources = pa.array([NO_SOURCE] * batch.num_rows, pa.string())
+    counts = pc.value_counts(sources)
+    side = pa.table(
+        {
+            _COUNT_COLUMNS[0]: counts.field("values").cast(pa.string()),
+            _COUNT_COLUMNS[1]: counts.field("counts"),
+        }
     )
+    return pa.concat_tables([kept, side], promote_options="default")
+
+
+def _source_totals(aside: pa.Table | None) -> dict[str, int]:
+    """Documents per source from the write's side rows."""
     totals: dict[str, int] = {}
-    if table.num_rows:
-        for source, count in zip(
-            table.column("source").to_pylist(), table.column("count").to_pylist(), strict=True
-        ):
+    if aside is not None and aside.num_rows:
+        sources, counts = (aside.column(name).to_pylist() for name in _COUNT_COLUMNS)
+        for source, count in zip(sources, counts, strict=True):
             totals[source] = totals.get(source, 0) + count
     return totals
-
-
-def _count_sources(batch: pa.RecordBatch, column: str) -> pa.RecordBatch:
-    if column == documents.SOURCE_COLUMN:
-        values = batch.column(column).fill_null(NO_SOURCE)
-    else:
-        values = pa.array([NO_SOURCE] * batch.num_rows, pa.string())
-    counts = pc.value_counts(values)
-    return pa.RecordBatch.from_arrays(
-        [counts.field("values").cast(pa.string()), counts.field("counts")],
-        names=["source", "count"],
-    )
 
 
 def write_evidence(output: str, evidence: pa.Table) -> None:

@@ -1,9 +1,10 @@
 """Fuzzy dedup's pass 2: the LSH candidates verified and clustered in the shuffle's reducers.
 
-The coordinator turns pass 1's buckets into candidate groups (`candidate_groups`): the distinct
-candidates, named by their place in the input (the position column of keel.data.inputs) and
-numbered in its order, each bucket as their numbers, and each candidate's component, the
-connected set of candidates that share buckets (`components`, in numpy: scipy's
+The coordinator turns pass 1's buckets (each once: the workers drop the copies of a bucket
+found in several bands by its `bucket_fingerprints`) into candidate groups (`candidate_groups`):
+the distinct candidates, named by their place in the input (the position column of
+keel.data.inputs) and numbered in its order, each bucket as their numbers, and each candidate's
+component, the connected set of candidates that share buckets (`components`, in numpy: scipy's
 connected_components would cost a process 0.45 s of imports). Clustering a
 component needs nothing outside it: a candidate is only compared with the representatives that
 share a bucket with it (fuzzy_clusters). So workers read the documents again, keep the candidates

@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -326,11 +327,16 @@ def _set_aside(
 ) -> pa.RecordBatch:
     """Append the batch's side rows (columns[0] not null; only `columns`) to `streams`; return
     its other rows without `columns`."""
-    marked = pc.is_valid(batch.column(columns[0]))
-    side = batch.filter(marked).select(list(columns))
+    marked = pc.is_valid(batch.column(columns[0])).to_numpy(zero_copy_only=False)
+    first = int(np.argmax(marked)) if marked.any() else batch.num_rows
+    if marked[first:].all():  # none, or a tail: slices, no copy of the other rows
+        side, rest = batch.slice(first).select(list(columns)), batch.slice(0, first)
+    else:
+        side = batch.filter(pa.array(marked)).select(list(columns))
+        rest = batch.filter(pa.array(~marked))
     if side.num_rows:
         streams.append(0, side)
-    return batch.filter(pc.invert(marked)).drop_columns(list(columns))
+    return rest.drop_columns(list(columns))
 
 
 def _visible(batch: pa.RecordBatch) -> pa.RecordBatch:
