@@ -16,7 +16,7 @@ from scipy.sparse.csgraph import connected_components
 from keel.data import fuzzy_verify
 from keel.data.dedup import run_exact_dedup
 from keel.data.documents import document_id
-from keel.data.fuzzy import FuzzyDedupConfig, run_fuzzy_dedup
+from keel.data.fuzzy import FuzzyDedupConfig, find_buckets, run_fuzzy_dedup
 from keel.data.fuzzy_clusters import SourceGuardError
 from keel.data.fuzzy_verify import candidate_groups, components
 from keel.flow import LocalBackend, RunOptions
@@ -210,3 +210,19 @@ def test_candidate_groups_number_candidates_and_drop_repeated_buckets(monkeypatc
 def test_candidate_groups_of_no_buckets():
     groups = candidate_groups(pa.array([], pa.list_(pa.uint64())))
     assert len(groups.positions) == 0 and groups.bucket_starts.tolist() == [0]
+
+
+def test_a_bucket_found_in_every_band_comes_back_once(tmp_path, pool):
+    """Ten copies of one text share all 14 bands: the workers send their bucket once, with the
+    places of all ten in input order; texts of their own share no bucket."""
+    rng = random.Random(5)
+    copied = " ".join(rng.sample(VOCABULARY, 80))
+    rows = [_doc(" ".join(rng.sample(VOCABULARY, 80)), "web") for _ in range(40)]
+    at = sorted(rng.sample(range(50), 10))
+    for index in at:
+        rows.insert(index, {"id": f"copy-{index}", "text": copied, "source": "web"})
+    source = _write(rows, tmp_path / "in")
+    buckets = find_buckets(source, None, FuzzyDedupConfig(), pool).to_pylist()
+    half = len(rows) // 2  # _write's two files: a place is (file << 40) | row in the file
+    places = [index if index < half else (1 << 40) | (index - half) for index in at]
+    assert buckets == [places]
