@@ -32,7 +32,8 @@ Reducer = Callable[[Any, list[Row]], Iterable[Row] | Row | None]
 
 BatchReducer = Callable[[pa.Table, np.ndarray | None], pa.Table | None]
 """group_batches' reducer: (rows sorted so that each key's rows are adjacent and in input order,
-the index of each key's first row [keys]) -> output rows, or None for none."""
+the index of each key's first row [keys]; or, with sort_by_key=False, the rows in input order and
+None) -> output rows, or None for none."""
 
 
 @dataclass(frozen=True)

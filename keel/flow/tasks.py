@@ -245,11 +245,9 @@ class Task:
             if table.num_rows == 0:
                 continue
             if isinstance(reduce, GroupBatches) and not reduce.sort_by_key:
-                out = reduce.reducer(_visible_table(table), None)
-                if out is not None and out.num_rows:
-                    yield from out.to_batches(self.settings.chunk_rows)
-                continue
-            table, starts = sort_into_runs(table, key_name)
+                starts = None  # the reducer takes the rows as they came, in input order
+            else:
+                table, starts = sort_into_runs(table, key_name)
             if isinstance(reduce, Deduplicate):
                 yield from _visible_table(table.take(pa.array(starts))).to_batches(
                     self.settings.chunk_rows
