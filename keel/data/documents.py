@@ -38,6 +38,7 @@ from keel.core.commit import missing_records, staged_output
 from keel.core.errors import UsageError
 from keel.core.output_checks import InputPaths
 from keel.flow.runner import SUCCESS_MARKER
+from keel.flow.sources import COMPRESSED_SUFFIXES, JSONL_SUFFIXES, uncompressed_name
 
 ID_COLUMN = "id"
 TEXT_COLUMN = "text"
@@ -48,8 +49,11 @@ OUTPUT_KIND = "DataKit stage output"
 DROPPED_SAMPLE = 20
 """Dropped ids kept per reason in stage.json."""
 
-_FILE_SUFFIXES = (".parquet", ".jsonl", ".gz", ".zst", ".json")
-"""An input ending so is a file, not a document set directory."""
+TEXT_SUFFIXES = (".txt", ".text")
+"""Text files: one document per file (keel.data.inputs)."""
+_FILE_SUFFIXES = (".parquet", *JSONL_SUFFIXES, *TEXT_SUFFIXES)
+"""An input whose name ends so (before .gz, .zst or .zstd) is a file, not a document set
+directory."""
 _NEWLINES = re.compile(r"\r\n?|[\u2028\u2029\x85\x0b\x0c]")
 _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
 
@@ -146,10 +150,18 @@ def parquet_glob(directory_or_glob: str | Sequence[str]) -> str | list[str]:
     return _glob_of(directory_or_glob)
 
 
-def _glob_of(directory_or_glob: str) -> str:
-    if any(char in directory_or_glob for char in "*?[") or directory_or_glob.endswith(
+def names_files(input: str) -> bool:
+    """Whether an input names files (a glob, or a file by its suffix: Parquet, JSONL or text,
+    plain or compressed) rather than a document set directory."""
+    if any(char in input for char in "*?["):
+        return True
+    return input.lower().endswith(COMPRESSED_SUFFIXES) or uncompressed_name(input).endswith(
         _FILE_SUFFIXES
-    ):
+    )
+
+
+def _glob_of(directory_or_glob: str) -> str:
+    if names_files(directory_or_glob):
         return directory_or_glob
     return paths.join(directory_or_glob, "part-*.parquet")
 
@@ -160,7 +172,7 @@ def require_records(inputs: InputPaths) -> None:
     and directories without records (a plain keel/flow write), pass."""
     items = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs or ())
     for item in map(os.fspath, items):
-        if any(char in item for char in "*?[") or item.endswith(_FILE_SUFFIXES):
+        if names_files(item):
             continue
         missing = missing_records(item, SUCCESS_MARKER)
         if missing:

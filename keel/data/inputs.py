@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 
 from keel.core.errors import UsageError
 from keel.data import documents
+from keel.data.documents import TEXT_SUFFIXES
 from keel.flow import Dataset, from_items, read_jsonl, read_parquet
 from keel.flow.ops import Row
 from keel.flow.readers import read_jsonl as read_jsonl_file
@@ -37,7 +38,6 @@ from keel.flow.sources import JSONL_SUFFIXES, expand, format_of_name, uncompress
 
 Input = str | Sequence[str]
 """A document set directory, a glob or a file (any fsspec URL), or a list of them."""
-TEXT_SUFFIXES = (".txt", ".text")
 RAW_SCHEMA = pa.schema(
     [
         (documents.ID_COLUMN, pa.string()),
@@ -131,17 +131,30 @@ def column_names(input: Input) -> list[str] | None:
     format = input_format(input)
     if format == "text":
         return list(RAW_SCHEMA.names)
-    globs = documents.parquet_glob(input)
     if format == "jsonl":
-        first = next(read_jsonl_file(expand(globs)[0], chunk_rows=1), None)
-        names = [] if first is None else first.schema.names
-        return list(dict.fromkeys([*RAW_SCHEMA.names, *names]))
-    schema = read_parquet(globs).source.schema
+        return [*RAW_SCHEMA.names, *record_fields(input)]
+    schema = read_parquet(documents.parquet_glob(input)).source.schema
     if schema is None:
         return None
     if documents.TEXT_COLUMN in schema.names and documents.ID_COLUMN not in schema.names:
         return [documents.ID_COLUMN, *schema.names]  # read_documents adds them
     return list(schema.names)
+
+
+def record_fields(input: Input, records: int = 1) -> dict[str, pa.DataType]:
+    """JSONL input: the fields of the first file's first `records` records besides RAW_SCHEMA's,
+    with the types Arrow infers from them (a field null in all of them: string); what
+    read_documents' `fields` takes to keep them all."""
+    first = next(
+        read_jsonl_file(expand(documents.parquet_glob(input))[0], chunk_rows=records), None
+    )
+    if first is None:
+        return {}
+    return {
+        field.name: pa.string() if pa.types.is_null(field.type) else field.type
+        for field in first.schema
+        if field.name not in RAW_SCHEMA.names
+    }
 
 
 def add_ids(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -295,7 +295,9 @@ def _finish(output: Output, results: list[TaskResult], result: FlowResult) -> No
     elif isinstance(output, CollectOutput):
         segments = [Segment(path, 0, 0) for task_result in results for path in task_result.files]
         table = concat_batches(list(read_segments(segments)))
-        result.table = table.slice(0, output.limit) if output.limit is not None else table
+        if output.limit is not None and output.limit < table.num_rows:
+            table = table.slice(0, output.limit)  # (a table of no columns slices to `limit` rows)
+        result.table = table
 
 
 def _progress_style(progress: bool | ProgressStyle | None) -> ProgressStyle:

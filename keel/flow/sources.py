@@ -171,9 +171,27 @@ def expand(pattern: str | Sequence[str]) -> tuple[str, ...]:
         matches = paths.glob_files(item)
         marker = paths.join(posixpath.dirname(item.rstrip("/")) or ".", SUCCESS_MARKER)
         if not matches and not paths.exists(marker):
-            raise UsageError(f"no input files match {item}")
+            raise UsageError(f"no input files match {item}{_what_is_there(item)}")
         found.extend(matches)
     return tuple(dict.fromkeys(found))
+
+
+def _what_is_there(pattern: str) -> str:
+    """For a glob that matched nothing: what its directory holds instead, when it exists and is
+    not empty (a directory of raw files given where a document set was expected)."""
+    directory = posixpath.dirname(pattern.rstrip("/"))
+    if not directory or any(char in directory for char in "*?["):
+        return ""
+    names = paths.list_dir(directory)
+    if not names:
+        return ""
+    shown = ", ".join(names[:HINT_NAMES]) + (", ..." if len(names) > HINT_NAMES else "")
+    example = posixpath.join(directory, "*" + posixpath.splitext(names[0])[1])
+    return f" ({directory} holds {shown}: to read those files, pass a glob such as {example})"
+
+
+HINT_NAMES = 3
+"""Names of a directory's files shown when a glob in it matched nothing."""
 
 
 def uncompressed_name(path: str) -> str:

@@ -126,3 +126,19 @@ def test_a_jsonl_record_without_text_and_an_unknown_suffix_are_one_line_errors(t
         read_documents(str(bad)).to_table(pool)
     with pytest.raises(UsageError, match=r"cannot tell the format of .*docs\.csv\.gz"):
         read_documents(str(tmp_path / "docs.csv.gz"))
+
+
+def test_a_single_text_or_ndjson_file_is_read_as_a_file_and_a_raw_directory_gets_a_hint(
+    inputs, tmp_path, pool
+):
+    texts = _texts()
+    one = tmp_path / "one.txt"
+    one.write_text(texts[0])
+    assert run_exact_dedup(str(one), str(tmp_path / "a"), options=pool).documents_out == 1
+    records = tmp_path / "docs.ndjson"
+    records.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    report = run_exact_dedup(str(records), str(tmp_path / "b"), options=pool)
+    assert (report.documents_in, report.dropped) == (15, {"exact_duplicate": 1})
+    raw = inputs["txt"].removesuffix("/*.txt")  # a directory of .txt files, not a document set
+    with pytest.raises(UsageError, match=r"holds 00\.txt, 01\.txt, 02\.txt, \.\.\.: .* glob"):
+        run_exact_dedup(raw, str(tmp_path / "c"), options=pool)

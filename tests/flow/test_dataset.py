@@ -156,6 +156,7 @@ def test_take_and_count(pool):
     ds = from_items(ROWS, 2).filter(lambda r: r["n"] >= 50)
     assert ds.count(backend=pool) == 50
     assert [r["n"] for r in ds.take(3, backend=pool)] == [50, 51, 52]
+    assert from_items(ROWS, 2).filter(lambda r: False).take(3, backend=pool) == []  # not 3 {}
 
 
 def test_write_jsonl_then_read_it_back(pool, tmp_path):
