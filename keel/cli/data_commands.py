@@ -418,7 +418,9 @@ def mix_command(
         ..., "--source", help="DIR=WEIGHT (repeatable): a document set and its token weight."
     ),
     output: str = OUTPUT,
-    total_tokens: int | None = typer.Option(None, "--total-tokens", help="Target tokens."),
+    total_tokens: int | None = typer.Option(
+        None, "--total-tokens", help="Target tokens (default: the most that repeats no source)."
+    ),
     bytes_per_token: float = typer.Option(4.0, "--bytes-per-token", help="Token estimate."),
     cluster_weight: list[str] = typer.Option(
         [],
@@ -451,7 +453,11 @@ def mix_command(
 @app.command("stats")
 @user_errors
 def stats_command(
-    path: str = typer.Argument(..., help="A document set or token cache directory."),
+    path: str = typer.Argument(
+        ...,
+        help="A document set or token cache directory, or raw input: Parquet, JSONL or text "
+        "files (plain, .gz or .zst), or a glob of them.",
+    ),
     png: str | None = typer.Option(
         None, "--png", help="Also draw the histograms into this PNG file."
     ),
@@ -465,6 +471,7 @@ def stats_command(
     Examples:
       keel data stats keel-out/dedup-1a2b3c4d
       keel data stats scored/ --png scored.png
+      keel data stats 'raw/*.jsonl.zst'
     """
     stats = data_stats(path)
     if png is not None:
@@ -482,7 +489,11 @@ def stats_command(
 @app.command("head")
 @user_errors
 def head_command(
-    path: str = typer.Argument(..., help="A document set directory."),
+    path: str = typer.Argument(
+        ...,
+        help="A document set directory, or raw input: Parquet, JSONL or text files (plain, .gz "
+        "or .zst), or a glob of them.",
+    ),
     n: int = typer.Option(5, "-n", help="How many documents."),
     where: str | None = typer.Option(
         None,
@@ -500,6 +511,7 @@ def head_command(
     Examples:
       keel data head scored/ -n 3
       keel data head scored/ --where "quality_score < 0.2 AND length(text) > 1000"
+      keel data head 'raw/*.jsonl.gz' --where "source = 'web'"
     """
     documents = head(path, n, where)
     if as_json:

@@ -1,9 +1,13 @@
-"""`keel data stats`: what a document set or token cache holds, and what each stage dropped.
+"""`keel data stats`: what a document set, a token cache or raw input holds, and what each stage
+dropped.
 
 A document set is read column by column (text, and language and quality_score when present),
 one record batch at a time: `bytes` is the UTF-8 size of the text column (what a filter shrinks),
 not the size of the Parquet files (that is `file_bytes`: compression and metadata make it grow
 or shrink on its own). Histograms: document length in UTF-8 bytes, language, quality score.
+
+Raw input (Parquet, JSONL or text files, or a glob of them) is read as the stages read it
+(keel.data.inputs), on keel/flow workers that each tally their batches; it has no stage report.
 
 A token cache is read from its manifest and shards: documents, tokens (EOS ids included) and the
 document length histogram in tokens (documents end at EOS ids); it holds no text, so `bytes` is
@@ -12,6 +16,8 @@ None there.
 
 from __future__ import annotations
 
+import json
+import posixpath
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -22,9 +28,12 @@ import pyarrow.parquet as pq
 
 from keel.core import paths
 from keel.core.errors import UsageError
+from keel.data import documents, inputs
 from keel.data.documents import STAGE_FILE, TEXT_COLUMN, StageReport
 from keel.data.token_cache import MANIFEST_FILE, Manifest
+from keel.flow import RunOptions
 from keel.flow.runner import SUCCESS_MARKER
+from keel.flow.sources import expand
 
 LANGUAGE_COLUMN = "language"
 QUALITY_COLUMN = "quality_score"
@@ -81,9 +90,13 @@ class DataStats:
         return asdict(self)
 
 
-def data_stats(path: str) -> DataStats:
+def data_stats(path: str, options: RunOptions | None = None) -> DataStats:
     """Stats of a document-set directory or a token-cache directory (a committed document set
-    with no part files, e.g. a filter that dropped everything, has 0 documents)."""
+    with no part files, e.g. a filter that dropped everything, has 0 documents), or of raw input:
+    Parquet, JSONL or text files, or a glob of them, read as the stages read them
+    (keel.data.inputs) on keel/flow workers (`options`)."""
+    if documents.names_files(path):
+        return _input_stats(path, options)
     names = paths.list_dir(path)
     if not names:
         raise UsageError(f"{path}: no such directory, or it is empty")
@@ -92,13 +105,13 @@ def data_stats(path: str) -> DataStats:
         return _cache_stats(path, stage)
     parts = [name for name in names if name.startswith("part-") and name.endswith(".parquet")]
     if not parts and stage is None and SUCCESS_MARKER not in names:
-        raise UsageError(f"{path}: neither a document set (part-*.parquet) nor a token cache")
+        raise UsageError(
+            f"{path}: neither a document set (part-*.parquet) nor a token cache; for raw "
+            "files in it pass a glob, e.g. "
+            f"{paths.join(path, '*' + posixpath.splitext(names[0])[1])}"
+        )
     stats = DataStats(path=path, kind="documents", files=len(parts), stage=stage)
-    lengths = np.zeros(len(LENGTH_EDGES), np.int64)
-    qualities = np.zeros(QUALITY_BINS, np.int64)
-    languages: Counter[str] = Counter()
-    nulls = Counter[str]()
-    columns: set[str] = set()
+    tally = Tally()
     for name in parts:
         fs, file_path = paths.filesystem(paths.join(path, name))
         stats.file_bytes += int(fs.size(file_path))
@@ -108,34 +121,127 @@ def data_stats(path: str) -> DataStats:
             if TEXT_COLUMN not in present:
                 raise UsageError(f"{path}/{name}: no '{TEXT_COLUMN}' column")
             wanted = [c for c in (TEXT_COLUMN, LANGUAGE_COLUMN, QUALITY_COLUMN) if c in present]
-            columns.update(wanted)
             for batch in parquet.iter_batches(BATCH_ROWS, columns=wanted):
-                stats.documents += batch.num_rows
-                sizes = _utf8_sizes(batch.column(TEXT_COLUMN))
-                stats.bytes += int(sizes.sum())
-                lengths += _length_counts(sizes)
-                if LANGUAGE_COLUMN in wanted:
-                    language = batch.column(LANGUAGE_COLUMN)
-                    nulls[LANGUAGE_COLUMN] += language.null_count
-                    languages.update(language.drop_null().to_pylist())
-                if QUALITY_COLUMN in wanted:
-                    score = batch.column(QUALITY_COLUMN)
-                    nulls[QUALITY_COLUMN] += score.null_count
-                    values = np.clip(score.drop_null().to_numpy(zero_copy_only=False), 0.0, 1.0)
-                    qualities += np.histogram(values, QUALITY_BINS, (0.0, 1.0))[0]
-    stats.length = _length_histogram(lengths, "bytes")
-    if LANGUAGE_COLUMN in columns:
-        stats.language = _language_histogram(languages, nulls[LANGUAGE_COLUMN])
-    if QUALITY_COLUMN in columns:
-        stats.quality = Histogram(
-            "score",
-            [
-                (f"{i / QUALITY_BINS:.1f}-{(i + 1) / QUALITY_BINS:.1f}", int(count))
-                for i, count in enumerate(qualities)
-            ],
-            nulls[QUALITY_COLUMN],
-        )
+                tally.add(batch)
+    tally.fill(stats)
     return stats
+
+
+def _input_stats(input: str, options: RunOptions | None) -> DataStats:
+    """Stats of raw input files: each worker tallies its batches, the tallies are summed."""
+    files = expand(documents.parquet_glob(input))
+    names = inputs.column_names(input) or [TEXT_COLUMN]
+    fields = {name: kind for name, kind in ATTRIBUTE_TYPES.items() if name in names}
+    wanted = [TEXT_COLUMN, *fields]
+    tallies = (
+        inputs.read_documents(input, columns=wanted, fields=fields)
+        .map_batches(_tally_row)
+        .to_table(options=options)
+    )
+    tally = Tally()
+    for row in tallies.column(TALLY_COLUMN).to_pylist():
+        tally.merge(Tally.from_dict(json.loads(row)))
+    stats = DataStats(path=input, kind="documents", files=len(files))
+    for file in files:
+        fs, file_path = paths.filesystem(file)
+        stats.file_bytes += int(fs.size(file_path))
+    tally.fill(stats)
+    return stats
+
+
+TALLY_COLUMN = "tally"
+ATTRIBUTE_TYPES = {LANGUAGE_COLUMN: pa.string(), QUALITY_COLUMN: pa.float64()}
+"""The attribute columns stats reads besides the text, with their types (for JSONL fields)."""
+
+
+def _tally_row(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """map_batches: documents -> one row, the batch's Tally as JSON."""
+    tally = Tally()
+    tally.add(batch)
+    return pa.RecordBatch.from_pydict({TALLY_COLUMN: [json.dumps(tally.to_dict())]})
+
+
+@dataclass
+class Tally:
+    """What stats counts over batches of documents (text, and language and quality_score when
+    present): documents, UTF-8 text bytes, and the histograms' counts."""
+
+    documents: int = 0
+    bytes: int = 0
+    lengths: np.ndarray = field(default_factory=lambda: np.zeros(len(LENGTH_EDGES), np.int64))
+    """Documents per LENGTH_EDGES bin, int64 [len(LENGTH_EDGES)]."""
+    qualities: np.ndarray = field(default_factory=lambda: np.zeros(QUALITY_BINS, np.int64))
+    """Documents per quality bin, int64 [QUALITY_BINS]."""
+    languages: Counter[str] = field(default_factory=Counter)
+    nulls: Counter[str] = field(default_factory=Counter)
+    """Documents without a value, by attribute column."""
+    columns: set[str] = field(default_factory=set)
+    """The attribute columns seen."""
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        names = batch.schema.names
+        self.columns.update(name for name in (LANGUAGE_COLUMN, QUALITY_COLUMN) if name in names)
+        self.documents += batch.num_rows
+        sizes = _utf8_sizes(batch.column(TEXT_COLUMN))
+        self.bytes += int(sizes.sum())
+        self.lengths += _length_counts(sizes)
+        if LANGUAGE_COLUMN in names:
+            language = batch.column(LANGUAGE_COLUMN)
+            self.nulls[LANGUAGE_COLUMN] += language.null_count
+            self.languages.update(language.drop_null().to_pylist())
+        if QUALITY_COLUMN in names:
+            score = batch.column(QUALITY_COLUMN)
+            self.nulls[QUALITY_COLUMN] += score.null_count
+            values = np.clip(score.drop_null().to_numpy(zero_copy_only=False), 0.0, 1.0)
+            self.qualities += np.histogram(values, QUALITY_BINS, (0.0, 1.0))[0]
+
+    def merge(self, other: Tally) -> None:
+        self.documents += other.documents
+        self.bytes += other.bytes
+        self.lengths += other.lengths
+        self.qualities += other.qualities
+        self.languages.update(other.languages)
+        self.nulls.update(other.nulls)
+        self.columns |= other.columns
+
+    def to_dict(self) -> dict:
+        return {
+            "documents": self.documents,
+            "bytes": self.bytes,
+            "lengths": self.lengths.tolist(),
+            "qualities": self.qualities.tolist(),
+            "languages": dict(self.languages),
+            "nulls": dict(self.nulls),
+            "columns": sorted(self.columns),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Tally:
+        return cls(
+            data["documents"],
+            data["bytes"],
+            np.array(data["lengths"], np.int64),
+            np.array(data["qualities"], np.int64),
+            Counter(data["languages"]),
+            Counter(data["nulls"]),
+            set(data["columns"]),
+        )
+
+    def fill(self, stats: DataStats) -> None:
+        """Set the stats' counts and histograms from this tally."""
+        stats.documents, stats.bytes = self.documents, self.bytes
+        stats.length = _length_histogram(self.lengths, "bytes")
+        if LANGUAGE_COLUMN in self.columns:
+            stats.language = _language_histogram(self.languages, self.nulls[LANGUAGE_COLUMN])
+        if QUALITY_COLUMN in self.columns:
+            stats.quality = Histogram(
+                "score",
+                [
+                    (f"{i / QUALITY_BINS:.1f}-{(i + 1) / QUALITY_BINS:.1f}", int(count))
+                    for i, count in enumerate(self.qualities)
+                ],
+                self.nulls[QUALITY_COLUMN],
+            )
 
 
 def _cache_stats(path: str, stage: StageReport | None) -> DataStats:

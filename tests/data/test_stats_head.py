@@ -1,6 +1,7 @@
 """`keel data stats` counts text bytes (UTF-8 of the text, not file size), tokens of a cache and
 histograms; `keel data head` shows documents matching a DuckDB condition."""
 
+import gzip
 import json
 import os
 import random
@@ -17,6 +18,7 @@ from keel.data.documents import document_id
 from keel.data.head import head
 from keel.data.stats import data_stats
 from keel.data.token_cache import Manifest, ShardWriter, write_manifest
+from keel.flow import RunOptions
 
 
 def write_documents(directory, texts, **columns):
@@ -135,3 +137,39 @@ def test_text_bytes_fall_after_a_filter_and_quality_without_a_model_says_so(tmp_
     bad = keel("data", "head", "kept", "--where", "language = ", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert bad.stderr.startswith("error: --where 'language = ': Parser Error")
+
+
+def test_stats_and_head_read_raw_jsonl_text_and_parquet_files(tmp_path):
+    texts = [f"document {i} " + "word " * (i * 40) for i in range(8)]
+    language = ["en", "fr", None, "en", "en", "de", "en", "fr"]
+    score = [0.05, 0.95, None, 1.0, 0.5, 0.5, 0.2, 0.8]
+    write_documents(tmp_path / "docs", texts, language=language, quality_score=score)
+    records = [
+        {"text": t, "language": lang, "quality_score": q, "source": "web" if i % 3 else "books"}
+        for i, (t, lang, q) in enumerate(zip(texts, language, score, strict=True))
+    ]
+    lines = ["".join(json.dumps(r) + "\n" for r in half) for half in (records[:5], records[5:])]
+    for number, text in enumerate(lines):
+        (tmp_path / f"raw-{number}.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    options = RunOptions(workers=2)
+    stored, raw = data_stats(str(tmp_path / "docs")), data_stats(str(tmp_path / "raw-*.jsonl.gz"))
+    assert (raw.kind, raw.files, raw.stage) == ("documents", 2, None)
+    assert raw.file_bytes == sum(p.stat().st_size for p in tmp_path.glob("raw-*.jsonl.gz"))
+    for name in ("documents", "bytes", "length", "language", "quality"):
+        assert getattr(raw, name) == getattr(stored, name), name
+    (tmp_path / "txt").mkdir()
+    for number, text in enumerate(texts[:3]):
+        (tmp_path / "txt" / f"{number}.txt").write_text(text)
+    text_stats = data_stats(str(tmp_path / "txt" / "*.txt"), options)
+    assert (text_stats.documents, text_stats.bytes) == (3, sum(len(t) for t in texts[:3]))
+
+    glob = str(tmp_path / "raw-*.jsonl.gz")
+    shown = head(glob, 3, "source = 'web' AND quality_score >= 0.5", options)
+    assert [d["text"] for d in shown] == [texts[1], texts[4], texts[5]]  # across both files
+    assert shown[0]["id"] == document_id(texts[1]) and shown[0]["language"] == "fr"
+    assert head(glob, 2, "source = 'nowhere'", options) == []
+    with pytest.raises(UsageError, match=r"^--where 'nosuch = 1': Binder Error"):
+        head(glob, 1, "nosuch = 1", options)
+    parts = str(tmp_path / "docs" / "part-*.parquet")
+    assert [d["text"] for d in head(parts, 5, "quality_score > 0.9")] == [texts[1], texts[3]]
+    assert head(str(tmp_path / "txt" / "2.txt"), 1)[0]["text"] == texts[2]
