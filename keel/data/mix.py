@@ -248,7 +248,12 @@ def _taken_tokens(files: list[str], bytes_per_token: float) -> dict[str, int]:
 
 
 def _default_name(input: str) -> str:
-    return str(input).rstrip("/").rsplit("/", 1)[-1].split("*")[0] or "source"
+    """A source's name from its input: the last part of its path, with its directory's name when
+    it is a glob (`raw/*.jsonl` -> `raw/*.jsonl`, `web/` -> `web`)."""
+    parts = str(input).rstrip("/").split("/")
+    if any(char in parts[-1] for char in "*?[") and len(parts) > 1 and parts[-2]:
+        return "/".join(parts[-2:])
+    return parts[-1] or "source"
 
 
 def mix_step(name: str, config: MixConfig, version: str | None = None) -> Step:

@@ -57,6 +57,13 @@ def test_without_a_target_no_source_repeats_and_weights_hold(sources, tmp_path):
     assert report.documents_out == len(rows)
 
 
+def test_a_glob_source_is_named_by_its_directory_and_pattern(sources, tmp_path):
+    globs = [MixSource(str(sources / name / "part-*.parquet"), 1.0) for name in ("web", "books")]
+    report = run_mix(MixConfig(tuple(globs)), str(tmp_path / "mix"), RunOptions(workers=1))
+    names = [plan["name"] for plan in report.details["sources"]]
+    assert names == ["web/part-*.parquet", "books/part-*.parquet"]
+
+
 def test_a_small_source_is_repeated_with_epoch_accounting(sources, tmp_path):
     books_tokens = _mix(sources, tmp_path / "probe")[0].details["sources"][1]["tokens_available"]
     report, rows = _mix(sources, tmp_path, total_tokens=int(books_tokens * 4 * 2.5))
