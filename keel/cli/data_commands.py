@@ -38,7 +38,13 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-INPUT = typer.Option(..., "--input", "-i", help="Input document set: a directory or a glob.")
+INPUT = typer.Option(
+    ...,
+    "--input",
+    "-i",
+    help="Input documents: a document set directory, or Parquet, JSONL or text files (plain, .gz "
+    "or .zst), or a glob of them.",
+)
 OUTPUT = typer.Option(
     ...,
     "--output",
