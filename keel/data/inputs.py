@@ -224,12 +224,19 @@ def text_file_document(item: Row) -> list[Row]:
     return [document]
 
 
+def file_format(name: str) -> str | None:
+    """ "parquet", "jsonl" or "text" by a file's name (plain, .gz, .zst or .zstd); None when it
+    names none of them."""
+    found = format_of_name(name)
+    if found is None and uncompressed_name(name).endswith(TEXT_SUFFIXES):
+        return "text"
+    return found
+
+
 def _format_of(glob: str) -> str:
-    found = format_of_name(glob)
+    found = file_format(glob)
     if found is not None:
         return found
-    if uncompressed_name(glob).endswith(TEXT_SUFFIXES):
-        return "text"
     raise UsageError(
         f"cannot tell the format of {glob}: pass a document set directory or files ending "
         f".parquet, {', '.join(JSONL_SUFFIXES + TEXT_SUFFIXES)} (optionally .gz/.zst)"

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
 from keel.core import paths
@@ -29,7 +28,7 @@ from keel.train.compile_cache import enable_compilation_cache
 from keel.train.eval_tasks import task_configs
 from keel.train.lm_eval_adapter import KeelLM
 from keel.train.lm_scoring import DEFAULT_BATCH_SIZE, Scorer, rolling_requests
-from keel.train.own_text import document_files, eval_names
+from keel.train.own_text import document_texts, eval_names
 from keel.train.step import bits_per_byte
 from keel.train.trained import checkpoint_step, load_trained
 
@@ -52,8 +51,8 @@ class EvalRequest:
     limit: int | None = None
     """Documents per task (and per bits-per-byte set) at most; None: all."""
     eval_data: tuple[str, ...] = ()
-    """Text sets (.txt, .jsonl, .parquet files or directories) for bits per byte, each named by
-    its file stem."""
+    """Text sets (files or directories, read as `keel train --data` reads them) for bits per
+    byte, each named by its file stem."""
     batch_size: int = DEFAULT_BATCH_SIZE
     """Sequences per forward pass."""
 
@@ -65,7 +64,7 @@ def run_eval(request: EvalRequest) -> dict[str, Any]:
     step = checkpoint_step(request.run, request.step)
     names = eval_names(request.eval_data)
     texts = {
-        name: _texts(path, request.limit)
+        name: document_texts(path, "--eval-data", request.limit)
         for name, path in zip(names, request.eval_data, strict=True)
     }
     work = output / "tasks"
@@ -132,33 +131,6 @@ def run_tasks(
         }
     samples = {task: int(n["effective"]) for task, n in evaluated.get("n-samples", {}).items()}
     return tasks, samples
-
-
-def _texts(path: str, limit: int | None) -> list[str]:
-    """The documents of a text set: a .txt file is one, .jsonl lines and .parquet rows their
-    `text`; the first `limit`."""
-    docs: list[str] = []
-    for file in document_files(path, "--eval-data"):
-        if file.suffix == ".txt":
-            docs.append(file.read_text(encoding="utf-8"))
-        elif file.suffix == ".parquet":
-            docs.extend(str(t) for t in pq.read_table(file, columns=["text"])["text"].to_pylist())
-        else:
-            with file.open(encoding="utf-8") as lines:
-                for number, line in enumerate(lines, 1):
-                    if line.strip():
-                        docs.append(_jsonl_text(file, number, line))
-    return docs[:limit] if limit is not None else docs
-
-
-def _jsonl_text(file: Path, number: int, line: str) -> str:
-    try:
-        text = json.loads(line).get("text")
-    except (json.JSONDecodeError, AttributeError) as error:
-        raise UsageError(f"--eval-data {file}:{number} is not a JSON object") from error
-    if not isinstance(text, str):
-        raise UsageError(f"--eval-data {file}:{number} has no `text` string")
-    return text
 
 
 def _bits_per_byte(model: KeelLM, docs: Sequence[str]) -> float:

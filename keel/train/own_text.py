@@ -1,13 +1,15 @@
 """Your own text -> the token caches a run reads: `keel train --data PATH --eval-data PATH`.
 
-PATH is a token cache (a directory with manifest.json), used as it is, or documents: a .txt file
-(one document, its text as written), .jsonl files (one document per line, its `text` key),
-.parquet files (the `text` column), or a directory holding any of them (searched recursively;
-other files are ignored). Documents are tokenized as a cached keel step, `tokenize_text`, under
-the run's prefix: its identity is the input's content (SHA-256 of the file's bytes; of a
-directory's sorted relative names and bytes), the tokenizer settings and the tokenizer's content,
-never the path, so the same text copied elsewhere finds its cache, and a second run tokenizes
-nothing.
+PATH is a token cache (a directory with manifest.json), used as it is, or documents: any file
+DataKit's stages read (keel.data.inputs: text files .txt/.text, one document each; JSON Lines
+.jsonl/.json/.ndjson, a `text` field per record; Parquet, a `text` column; plain, .gz or .zst),
+or a directory holding any of them (searched recursively; other files are ignored; a DataKit
+output's part files only). Documents are read as the stages read them and tokenized by
+keel.data.tokenize (files of several formats are first gathered into one Parquet set per run of
+one format) as a cached keel step, `tokenize_text`, under the run's prefix: its identity is the
+input's content (SHA-256 of the file's bytes; of a directory's sorted relative names and bytes),
+the tokenizer settings and the tokenizer's content, never the path, so the same text copied
+elsewhere finds its cache, and a second run tokenizes nothing.
 
 The training text gets a byte-level BPE trained on it (vocabulary: the model's) or a given
 tokenizer.json; evaluation text is always encoded with the training cache's tokenizer, so its
@@ -17,33 +19,34 @@ bits per byte compare with the training loss.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from keel.core import paths
 from keel.core.errors import UsageError
 from keel.data.documents import TEXT_COLUMN
+from keel.data.inputs import file_format, read_documents
 from keel.data.token_cache import MANIFEST_FILE, TokenCache
 from keel.data.tokenize import TokenizeConfig, load_tokenizer, run_tokenize
+from keel.flow.sources import uncompressed_name
 from keel.steps import Step, output_path, run
 from keel.train.config import DataSource, TrainConfig
 
 logger = logging.getLogger(__name__)
 
 STEP_NAME = "tokenize_text"
-STEP_VERSION = "1"
-DOCUMENT_SUFFIXES = (".txt", ".jsonl", ".parquet")
+STEP_VERSION = "2"
+"""2: documents read by keel.data.inputs (compressed JSONL and text, .ndjson, .text) instead of
+a reader of this module's own."""
 READ_BLOCK = 1 << 20
 """Bytes read at a time when hashing."""
-JSONL_BATCH = 4_096
-"""Documents per Parquet row group when a .jsonl file is rewritten for the tokenizer."""
+DOCUMENT_KINDS = (
+    "use text (.txt, .text: one document per file), JSON Lines (.jsonl, .json, .ndjson: a `text` "
+    "field per record) or Parquet (a `text` column), plain, .gz or .zst"
+)
 
 
 @dataclass(frozen=True)
@@ -78,31 +81,34 @@ def is_token_cache(path: str) -> bool:
 
 
 def document_files(path: str, flag: str = "--data") -> list[Path]:
-    """The document files `path` names, sorted: the file itself, or a directory's files with a
-    document suffix (recursively, hidden ones skipped). UsageError when there are none, or all
+    """The document files `path` names, sorted: the file itself, a document set's parts (a
+    directory with part-*.parquet files), or a directory's files with a document suffix
+    (recursively, hidden ones skipped). UsageError when there are none, or all
     are empty."""
     where = Path(path)
     if not where.exists():
         raise UsageError(f"{flag} {path} does not exist: name a text file, a directory or a cache")
     if where.is_file():
-        if not where.name.endswith(DOCUMENT_SUFFIXES):
+        if file_format(where.name) is None:
             raise UsageError(
-                f"{flag} {path} is not a document file: use .txt (one document), .jsonl or "
-                ".parquet (a `text` field), a directory of them, or a token cache"
+                f"{flag} {path} is not a document file: {DOCUMENT_KINDS}; a directory of them, or "
+                "a token cache"
             )
         files = [where]
+    elif parts := sorted(where.glob("part-*.parquet")):
+        files = parts  # a document set (a DataKit output): its side tables are not documents
     else:
         files = sorted(
             file
             for file in where.rglob("*")
             if file.is_file()
-            and file.name.endswith(DOCUMENT_SUFFIXES)
+            and file_format(file.name) is not None
             and not any(part.startswith(".") for part in file.relative_to(where).parts)
         )
         if not files:
             raise UsageError(
-                f"{flag} {path} holds no documents (.txt, .jsonl or .parquet files) and is not a "
-                "token cache (no manifest.json)"
+                f"{flag} {path} holds no documents ({DOCUMENT_KINDS}) and is not a token cache "
+                "(no manifest.json)"
             )
     if all(file.stat().st_size == 0 for file in files):
         raise UsageError(f"{flag} {path} is empty: there is no text to train or evaluate on")
@@ -126,52 +132,47 @@ def content_sha256(path: str, files: Sequence[Path]) -> str:
 
 
 def tokenize_text(config: TextTokenize, output: str) -> None:
-    """The step: the documents at config.source as Parquet in a scratch directory (a .txt file
-    one row, a .jsonl file its `text` values), then run_tokenize into `output`."""
+    """The step: run_tokenize over the documents at config.source into `output`; files of
+    several formats are first written as one Parquet document set per run of one format
+    (format_runs), in a scratch directory."""
     files = document_files(config.source)
     if content_sha256(config.source, files) != config.content_sha256:
         raise UsageError(f"{config.source} changed while it was being tokenized; run again")
     tokenize = replace(config.tokenize, tokenizer_path=config.tokenizer or None)
+    runs = format_runs(files)
+    if len(runs) == 1:
+        run_tokenize(runs[0], output, tokenize)
+        return
     with tempfile.TemporaryDirectory(prefix="keel-text-") as scratch:
-        inputs = [_as_parquet(file, Path(scratch), index) for index, file in enumerate(files)]
-        run_tokenize(inputs, output, tokenize)
+        sets = [paths.join(scratch, f"run-{index:05d}") for index in range(len(runs))]
+        for run_files, target in zip(runs, sets, strict=True):
+            read_documents(run_files, columns=[TEXT_COLUMN]).write_parquet(target)
+        run_tokenize(sets, output, tokenize)
 
 
-def _as_parquet(file: Path, scratch: Path, index: int) -> str:
-    """A Parquet file of `file`'s documents with a `text` column: .parquet files as they are."""
-    if file.suffix == ".parquet":
-        return str(file)
-    target = scratch / f"part-{index:05d}.parquet"
-    schema = pa.schema([(TEXT_COLUMN, pa.large_string())])
-    with pq.ParquetWriter(target, schema, compression="zstd") as writer:
-        if file.suffix == ".txt":
-            text = file.read_bytes().decode("utf-8", errors="strict")
-            if text:
-                writer.write_table(pa.table({TEXT_COLUMN: [text]}, schema=schema))
-            return str(target)
-        batch: list[str] = []
-        with file.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                batch.append(_jsonl_text(file, number, line))
-                if len(batch) >= JSONL_BATCH:
-                    writer.write_table(pa.table({TEXT_COLUMN: batch}, schema=schema))
-                    batch = []
-        if batch:
-            writer.write_table(pa.table({TEXT_COLUMN: batch}, schema=schema))
-    return str(target)
+def format_runs(files: Sequence[Path]) -> list[list[str]]:
+    """The files cut into runs of one format (keel.data.inputs reads one format at a time), in
+    their order: [[a.jsonl, b.jsonl], [c.txt], [d.jsonl]]."""
+    runs: list[list[str]] = []
+    for previous, file in zip([None, *files], files, strict=False):
+        same = previous is not None and file_format(previous.name) == file_format(file.name)
+        if same:
+            runs[-1].append(str(file))
+        else:
+            runs.append([str(file)])
+    return runs
 
 
-def _jsonl_text(file: Path, number: int, line: str) -> str:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{file}:{number} is not JSON: {error}") from error
-    text = record.get(TEXT_COLUMN) if isinstance(record, dict) else None
-    if not isinstance(text, str):
-        raise UsageError(f"{file}:{number} has no {TEXT_COLUMN!r} string")
-    return text
+def document_texts(path: str, flag: str, limit: int | None = None) -> list[str]:
+    """The texts of the documents at `path` (document_files), in order, read as DataKit's stages
+    read them (keel.data.inputs); the first `limit`."""
+    texts: list[str] = []
+    for run_files in format_runs(document_files(path, flag)):
+        table = read_documents(run_files, columns=[TEXT_COLUMN]).to_table()
+        texts += [text or "" for text in table.column(TEXT_COLUMN).to_pylist()]
+        if limit is not None and len(texts) >= limit:
+            break
+    return texts[:limit] if limit is not None else texts
 
 
 def resolve_data(
@@ -226,8 +227,11 @@ def resolve_eval_data(path: str, prefix: str, train_cache: str) -> ResolvedData:
 
 
 def eval_name(path: str) -> str:
-    """The name an --eval-data set reports under (`eval/<name>/bpb`): the file's stem."""
-    return Path(path.rstrip("/")).stem
+    """The name an --eval-data set reports under (`eval/<name>/bpb`): the file's stem, without
+    a compression suffix (`val.jsonl.gz` -> `val`)."""
+    name = Path(path.rstrip("/")).name
+    plain = uncompressed_name(name)
+    return Path(name[: len(plain)]).stem
 
 
 def eval_names(eval_paths: Sequence[str]) -> tuple[str, ...]:
