@@ -83,7 +83,8 @@ def is_token_cache(path: str) -> bool:
 def document_files(path: str, flag: str = "--data") -> list[Path]:
     """The document files `path` names, sorted: the file itself, a document set's parts (a
     directory with part-*.parquet files), or a directory's files with a document suffix
-    (recursively, hidden ones skipped). UsageError when there are none, or all
+    (recursively; hidden ones skipped, and .json files: in a directory they are more often a
+    config or a tokenizer than JSON Lines). UsageError when there are none, or all
     are empty."""
     where = Path(path)
     if not where.exists():
@@ -103,6 +104,7 @@ def document_files(path: str, flag: str = "--data") -> list[Path]:
             for file in where.rglob("*")
             if file.is_file()
             and file_format(file.name) is not None
+            and not uncompressed_name(file.name).endswith(".json")  # config.json, tokenizer.json
             and not any(part.startswith(".") for part in file.relative_to(where).parts)
         )
         if not files:

@@ -33,6 +33,7 @@ def test_compressed_jsonl_a_mixed_directory_and_a_datakit_output_are_training_da
     (mixed / "a.ndjson").write_bytes(_lines(TEXTS[:5]))
     (mixed / "more" / "b.txt.gz").write_bytes(gzip.compress(TEXTS[5].encode()))
     (mixed / "notes.md").write_text("not a document")
+    (mixed / "tokenizer.json").write_text('{"model": {}}')  # not JSON Lines: not read
     resolved = resolve_data(str(mixed), str(tmp_path / "prefix"), 300)
     assert TokenCache(resolved.cache).manifest.documents == 6
     assert document_texts(str(mixed), "--eval-data") == TEXTS[:6]  # what eval scores, in order
