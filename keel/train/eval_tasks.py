@@ -181,7 +181,9 @@ def task_configs(
             )
         configs.append(BUNDLED_TASKS[name](work))
     if not configs:
-        raise UsageError("no task chosen: give --tasks NAMES or --task-file TASK.yaml")
+        raise UsageError(
+            "nothing to evaluate: give --tasks NAMES, --task-file TASK.yaml or --eval-data PATH"
+        )
     return configs
 
 

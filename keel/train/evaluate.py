@@ -69,13 +69,14 @@ def run_eval(request: EvalRequest) -> dict[str, Any]:
     }
     work = output / "tasks"
     work.mkdir(parents=True, exist_ok=True)
-    configs = task_configs(request.tasks, request.task_files, work)
+    chosen = request.tasks or request.task_files or not request.eval_data
+    configs = task_configs(request.tasks, request.task_files, work) if chosen else []
     trained = load_trained(request.run, step)
     max_length = max(phase.seq_len for phase in trained.config.phases)
     scorer = Scorer(trained, max_length, request.batch_size)
     model = KeelLM(scorer, Tokenizer.from_file(trained.tokenizer_path))
     began = time.perf_counter()
-    tasks, samples = run_tasks(model, configs, request.limit)
+    tasks, samples = run_tasks(model, configs, request.limit) if configs else ({}, {})
     bpb = {name: _bits_per_byte(model, docs) for name, docs in texts.items()}
     results = {
         "run": request.run,

@@ -4,6 +4,7 @@ line with exit code 2.
 
 Needs the `eval` extra (lm-eval); skipped cleanly without it."""
 
+import gzip
 import json
 import os
 import subprocess
@@ -177,3 +178,19 @@ def test_an_unknown_task_a_run_without_checkpoint_and_output_in_the_run_are_refu
         run_eval(EvalRequest(str(no_checkpoint), out, tasks=("gsm8k_sample",)))
     with pytest.raises(UsageError, match="inside the run directory"):
         run_eval(EvalRequest(str(trained_run), str(trained_run / "eval"), tasks=("gsm8k_sample",)))
+
+
+def test_bits_per_byte_alone_needs_no_task_and_nothing_chosen_is_refused(trained_run, tmp_path):
+    """--eval-data alone scores the text (compressed JSON Lines here, named by its stem) and runs
+    no task; with neither a task nor a text set there is nothing to evaluate."""
+    from keel.core.errors import UsageError
+    from keel.train.evaluate import EvalRequest, run_eval
+
+    held_out = tmp_path / "held_out.jsonl.gz"
+    held_out.write_bytes(gzip.compress(b'{"text": "The lobster is blue until it is cooked ."}\n'))
+    results = run_eval(
+        EvalRequest(str(trained_run), str(tmp_path / "out"), eval_data=(str(held_out),))
+    )
+    assert results["tasks"] == {} and results["bpb"]["held_out"] > 0
+    with pytest.raises(UsageError, match=r"nothing to evaluate: give --tasks .* or --eval-data"):
+        run_eval(EvalRequest(str(trained_run), str(tmp_path / "out2")))
