@@ -196,7 +196,10 @@ def _parabola(log_n: np.ndarray, loss: np.ndarray) -> np.ndarray | None:
 def _fit_budget(flops: float, rows: np.ndarray, runs: Runs) -> BudgetFit:
     where = f"budget {flops:.3g} FLOPs"
     if rows.size < 3:
-        raise UsageError(f"{where} has {rows.size} runs; an isoFLOP parabola needs at least 3")
+        raise UsageError(
+            f"{where} has {rows.size} runs; an isoFLOP parabola needs at least 3 of about equal "
+            "FLOPs (name the budgets with --budgets, or fit every run with --method parametric)"
+        )
     n, loss = runs.params[rows], runs.loss[rows]
     lowest = int(np.argmin(loss))
     if n[lowest] in (n.min(), n.max()):

@@ -107,7 +107,7 @@ def test_too_few_points_names_the_budget():
     params, tokens, loss = synthetic()
     keep = [i for i in range(len(loss)) if not 9 <= i < 16]  # budget 2 keeps 2 runs
     runs = make_runs(*([column[i] for i in keep] for column in (params, tokens, loss)))
-    with pytest.raises(UsageError, match=r"budget 5\.62e\+18 FLOPs has 2 runs"):
+    with pytest.raises(UsageError, match=r"5\.62e\+18 FLOPs has 2 runs.*--method parametric"):
         fit_isoflop(runs, bootstrap=1)
 
 
