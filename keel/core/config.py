@@ -21,7 +21,6 @@ list[X], tuple[X, ...], tuple[X, Y], dict[K, V], nested dataclasses (from mappin
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import json
 import os
@@ -33,7 +32,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_
 import yaml
 
 from keel.core import paths
-from keel.core.errors import ConfigError
+from keel.core.errors import ConfigError, did_you_mean
 
 T = TypeVar("T")
 
@@ -211,8 +210,7 @@ def _build(cls: type[T], data: Mapping[Any, Any], where: str) -> T:
     names = [f.name for f in fields]
     unknown = [k for k in data if k not in names]
     if unknown:
-        close = difflib.get_close_matches(str(unknown[0]), names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = did_you_mean(str(unknown[0]), names)
         paths = ", ".join(f"{where}.{k}" for k in unknown)
         raise ConfigError(f"{paths}: unknown key{hint}; valid keys: {', '.join(names)}")
     missing = [
@@ -248,7 +246,10 @@ def _with_value(
         names = [f.name for f in dataclasses.fields(node) if f.init]
         if key not in names:
             owner = type(node).__name__
-            raise ConfigError(f"{label}: no key {key!r} in {owner} (keys: {', '.join(names)})")
+            raise ConfigError(
+                f"{label}: no key {key!r} in {owner}{did_you_mean(key, names)} (keys: "
+                f"{', '.join(names)})"
+            )
         child_annotation = get_type_hints(type(node))[key]
         new = _with_value(getattr(node, key), child_annotation, rest, (*done, key), raw, label)
         return dataclasses.replace(node, **{key: new})

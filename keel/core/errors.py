@@ -7,6 +7,9 @@ exceptions so that their tracebacks reach whoever must fix them.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class KeelError(Exception):
     """Base class: a failure explained in one line (what, where, what to do).
@@ -48,3 +51,10 @@ def one_line(error: BaseException | str) -> str:
     if text:
         return text.splitlines()[0]
     return type(error).__name__ if isinstance(error, BaseException) else "error"
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """` (did you mean 'X'?)` for the choice closest to a mistyped `word`, or "" when none is
+    close: the hint an error message about an unknown name carries."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

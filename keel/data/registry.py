@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from keel.core.errors import UsageError
+from keel.core.errors import UsageError, did_you_mean
 from keel.data.decontam import DecontamConfig, run_decontam
 from keel.data.dedup import ExactDedupConfig, run_exact_dedup
 from keel.data.embed import EmbedConfig, run_embed
@@ -88,8 +88,9 @@ def stage(name: str) -> Stage:
     found = entry_points(group=ENTRY_POINT_GROUP).select(name=name)
     for entry in found:
         return _checked(entry.load(), f"entry point {name} ({entry.value})")
+    known = known_names()
     raise UsageError(
-        f"no DataKit stage {name!r}: use one of {', '.join(known_names())}, "
+        f"no DataKit stage {name!r}{did_you_mean(name, known)}: use one of {', '.join(known)}, "
         "or module:attribute for a stage of your own"
     )
 

@@ -17,7 +17,6 @@ This module imports lm-eval's task config and YAML loader: only `keel eval` impo
 
 from __future__ import annotations
 
-import difflib
 import gzip
 import json
 import random
@@ -28,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from keel.core.errors import UsageError
+from keel.core.errors import UsageError, did_you_mean
 
 LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")
 """`dataset_path` values the datasets library reads from `data_files` without downloading."""
@@ -173,11 +172,9 @@ def task_configs(
         if name in from_files:
             continue
         if name not in BUNDLED_TASKS:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise UsageError(
-                f"unknown task {name!r}{hint}; known tasks: {', '.join(known)}, or give a task "
-                "YAML with --task-file"
+                f"unknown task {name!r}{did_you_mean(name, known)}; known tasks: "
+                f"{', '.join(known)}, or give a task YAML with --task-file"
             )
         configs.append(BUNDLED_TASKS[name](work))
     if not configs:
@@ -204,8 +201,7 @@ def load_task_file(path: str) -> dict[str, Any]:
     allowed = fields | EXTRA_TASK_KEYS
     for key in config:
         if key not in allowed:
-            close = difflib.get_close_matches(key, sorted(allowed), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = did_you_mean(key, sorted(allowed))
             raise UsageError(f"--task-file {path}: unknown key {key!r}{hint}")
     if not isinstance(config.get("task"), str):
         raise UsageError(f"--task-file {path}: `task: NAME` is missing")

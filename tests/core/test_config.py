@@ -218,6 +218,8 @@ def test_unknown_override_key_names_the_owner_and_its_keys() -> None:
         str(info.value)
         == "--set model.x=1: no key 'x' in Model (keys: d_model, n_layers, activation)"
     )
+    with pytest.raises(ConfigError, match=r"no key 'n_layer' in Model \(did you mean 'n_layers'"):
+        apply_overrides(base(), ["model.n_layer=3"])
 
 
 def test_missing_required_field_is_named() -> None:

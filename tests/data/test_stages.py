@@ -175,6 +175,8 @@ def test_the_fused_chain_is_the_same_on_ray(tmp_path):
 
 def test_stages_are_found_by_name_module_and_entry_point(tmp_path, monkeypatch):
     assert registry.stage("filter").kind == "map" and registry.stage("fuzzy_dedup").kind == "wide"
+    with pytest.raises(UsageError, match=r"stage 'qualty' \(did you mean 'quality'\?\)"):
+        registry.stage("qualty")
     with pytest.raises(UsageError, match=r"no DataKit stage 'nope'.*extract.*fuzzy_dedup"):
         registry.stage("nope")
     monkeypatch.syspath_prepend(str(HERE))
