@@ -38,6 +38,10 @@ from keel.flow.sources import expand
 LANGUAGE_COLUMN = "language"
 QUALITY_COLUMN = "quality_score"
 """The attribute columns `keel data quality` adds (keel.data.langid, keel.data.quality)."""
+ATTRIBUTE_TYPES = {LANGUAGE_COLUMN: pa.string(), QUALITY_COLUMN: pa.float64()}
+"""The attribute columns stats reads besides the text, with their types (for JSONL fields)."""
+TALLY_COLUMN = "tally"
+"""The column of a worker's tallies (JSON), one row per batch, for raw input."""
 LENGTH_EDGES = (0, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576)
 """Length bins: [0, 64), [64, 256), ... by powers of 4; the last bin is [1 Mi, inf)."""
 QUALITY_BINS = 10
@@ -147,11 +151,6 @@ def _input_stats(input: str, options: RunOptions | None) -> DataStats:
         stats.file_bytes += int(fs.size(file_path))
     tally.fill(stats)
     return stats
-
-
-TALLY_COLUMN = "tally"
-ATTRIBUTE_TYPES = {LANGUAGE_COLUMN: pa.string(), QUALITY_COLUMN: pa.float64()}
-"""The attribute columns stats reads besides the text, with their types (for JSONL fields)."""
 
 
 def _tally_row(batch: pa.RecordBatch) -> pa.RecordBatch:
