@@ -31,9 +31,10 @@ def head(
     """The first `n` documents of the document set at `path` (those for which `where` holds),
     as dicts of column -> value, in the set's order. `path` may also be raw input (Parquet, JSONL
     or text files, or a glob of them): Parquet is shown as stored, JSONL and text as the stages
-    read them (keel.data.inputs: ids, sources; a JSONL record's other fields), on keel/flow
-    workers (`options`). UsageError for a path that is not a document set and for a `where`
-    DuckDB cannot evaluate (one line, DuckDB's reason)."""
+    read them (keel.data.inputs: ids, sources; a JSONL record's other fields; a record without
+    text shown with its text null), on keel/flow workers (`options`). UsageError for a path
+    that is not a document set and for a `where` DuckDB cannot evaluate (one line, DuckDB's
+    reason)."""
     if n < 1:
         raise UsageError(f"-n must be at least 1, got {n}")
     if documents.names_files(path):
@@ -66,7 +67,7 @@ def _raw_head(path: str, n: int, where: str | None, options: RunOptions | None) 
     fields = (
         inputs.record_fields(path, FIELD_RECORDS) if inputs.input_format(path) == "jsonl" else {}
     )
-    docs = inputs.read_documents(path, fields=fields)
+    docs = inputs.read_documents(path, fields=fields, require_text=False)  # html records too
     if where is not None:
         schema = pa.schema([*inputs.RAW_SCHEMA, *(pa.field(*item) for item in fields.items())])
         _matching(schema.empty_table(), where, n)  # a condition DuckDB cannot bind fails here

@@ -173,3 +173,7 @@ def test_stats_and_head_read_raw_jsonl_text_and_parquet_files(tmp_path):
     parts = str(tmp_path / "docs" / "part-*.parquet")
     assert [d["text"] for d in head(parts, 5, "quality_score > 0.9")] == [texts[1], texts[3]]
     assert head(str(tmp_path / "txt" / "2.txt"), 1)[0]["text"] == texts[2]
+    pages = tmp_path / "pages.jsonl"  # records for `keel data extract`: html, no text
+    pages.write_text(json.dumps({"html": "<p>hi</p>", "url": "https://x.org"}) + "\n")
+    (page,) = head(str(pages), 1, "html LIKE '%hi%'", options)
+    assert (page["html"], page["text"], page["url"]) == ("<p>hi</p>", None, "https://x.org")
