@@ -183,6 +183,16 @@ def _read_jsonl(path: str, chunk_rows: int, reporter: _Reporter) -> Iterator[pa.
         reporter.problem(None, "empty_file", _EMPTY)
 
 
+def read_decompressed(path: str) -> bytes:
+    """A whole file's bytes, decompressed by its suffix (.gz, .zst, .zstd; any other: as is).
+    MalformedInputError naming the file when the compressed data is truncated or corrupt."""
+    with paths.open_file(path, "rb") as raw:
+        try:
+            return b"".join(_decompressed_blocks(raw, path))
+        except _BrokenStream as broken:
+            raise MalformedInputError(path, None, broken.reason, broken.category) from None
+
+
 def _decompressed_blocks(raw: IO[bytes], path: str) -> Iterator[bytes]:
     """The decompressed bytes of `raw` in blocks, the codec chosen by the suffix of `path`."""
     name = path.lower()

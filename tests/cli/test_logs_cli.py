@@ -1,6 +1,7 @@
 """`keel logs ...` through the real command: write files, query as JSON, tail, compact, serve, and
 one-line errors for the usual mistakes."""
 
+import gzip
 import json
 import re
 import select
@@ -11,6 +12,7 @@ from datetime import datetime, timedelta
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 from cli_support import error_lines
 
 from keel.telemetry import StoreOptions, TelemetryStore
@@ -79,6 +81,26 @@ def test_epoch_numbers_need_time_unit_and_are_then_read_in_it(cli):
         assert store.query(f'SELECT ts FROM "{NS}"').to_pylist() == [
             {"ts": START + timedelta(seconds=1)}
         ]
+
+
+def test_write_reads_gzip_and_zstd_json_lines_and_a_truncated_file_is_one_line(cli):
+    lines = "".join(json.dumps({"step": step, "loss": 3.0 - step}) + "\n" for step in range(4))
+    (cli.root / "metrics.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+    (cli.root / "metrics.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress(lines.encode())
+    )
+    root = str(cli.root / "telemetry")
+    for name in ("metrics.jsonl.gz", "metrics.jsonl.zst"):
+        written = cli.run("logs", "write", "-n", "train.metrics", name, "--root", root)
+        assert written.returncode == 0, written.stderr
+        assert written.stdout.strip() == "wrote 4 rows to train.metrics"
+    counted = cli.run("logs", "query", 'SELECT count(*) AS n FROM "train.metrics"', "--json",
+                      "--root", root)  # fmt: skip
+    assert json.loads(counted.stdout) == [{"n": 8}]
+    (cli.root / "cut.jsonl.gz").write_bytes(gzip.compress(lines.encode())[:-12])
+    cut = cli.run("logs", "write", "-n", "train.metrics", "cut.jsonl.gz", "--root", root)
+    errors = error_lines(cut.stderr)
+    assert cut.returncode == 1 and len(errors) == 1 and "cut.jsonl.gz" in errors[0], cut.stderr
 
 
 def test_write_parquet_then_compact_merges_the_segments(cli):
