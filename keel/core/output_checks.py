@@ -21,8 +21,6 @@ from pathlib import Path
 from keel.core import paths
 from keel.core.errors import KeelError, UsageError
 
-GLOB_CHARACTERS = "*?["
-
 
 class OutputRefusedError(UsageError):
     """The output path names something a commit must not replace (an input, a user's files)."""
@@ -133,7 +131,7 @@ def input_locations(inputs: InputPaths) -> list[str]:
     for item in items:
         text = os.fspath(item)
         found.append(location(_fixed_part(text)))
-        if paths.is_local(text) and any(char in text for char in GLOB_CHARACTERS):
+        if paths.is_local(text) and paths.is_glob(text):
             pattern = str(paths.local_path(text).expanduser())
             found.extend(os.path.realpath(match) for match in glob.glob(pattern, recursive=True))
     return list(dict.fromkeys(found))
@@ -141,9 +139,9 @@ def input_locations(inputs: InputPaths) -> list[str]:
 
 def _fixed_part(text: str) -> str:
     """`raw/2024/*.jsonl` -> `raw/2024`: the path up to its first component with a wildcard."""
-    if not any(char in text for char in GLOB_CHARACTERS):
+    if not paths.is_glob(text):
         return text
-    head = text[: min(text.index(char) for char in GLOB_CHARACTERS if char in text)]
+    head = text[: min(text.index(char) for char in paths.GLOB_CHARACTERS if char in text)]
     fixed = head.rsplit("/", 1)[0] if "/" in head else "."
     return fixed or "/"
 

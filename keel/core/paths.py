@@ -208,12 +208,21 @@ def list_dir(path: str | os.PathLike[str]) -> list[str]:
     return sorted(posixpath.basename(entry.rstrip("/")) for entry in fs.ls(fs_path, detail=False))
 
 
+GLOB_CHARACTERS = "*?["
+"""The wildcards of a glob."""
+
+
+def is_glob(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` holds a wildcard (`*`, `?` or `[`), so it names files by a pattern."""
+    return any(char in os.fspath(path) for char in GLOB_CHARACTERS)
+
+
 def glob_files(pattern: str | os.PathLike[str]) -> list[str]:
     """The files a glob (or a plain path) names, sorted: local paths absolute, as fsspec spells
     them (`*` matches names that start with a dot too, `**` any depth); URLs with their
     protocol. A plain path that is a directory or missing gives []."""
     text = os.fspath(pattern)
-    wildcard = any(c in text for c in "*?[")
+    wildcard = is_glob(text)
     if is_local(text):
         path = os.path.join(os.getcwd(), os.path.expanduser(str(local_path(text))))
         matches = glob.glob(path, recursive=True, include_hidden=True) if wildcard else [path]

@@ -153,7 +153,7 @@ def parquet_glob(directory_or_glob: str | Sequence[str]) -> str | list[str]:
 def names_files(input: str) -> bool:
     """Whether an input names files (a glob, or a file by its suffix: Parquet, JSONL or text,
     plain or compressed) rather than a document set directory."""
-    if any(char in input for char in "*?["):
+    if paths.is_glob(input):
         return True
     return input.lower().endswith(COMPRESSED_SUFFIXES) or uncompressed_name(input).endswith(
         _FILE_SUFFIXES

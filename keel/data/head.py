@@ -38,8 +38,9 @@ def head(
     if n < 1:
         raise UsageError(f"-n must be at least 1, got {n}")
     if documents.names_files(path):
-        if inputs.input_format(path) != "parquet":
-            return _raw_head(path, n, where, options)
+        format = inputs.input_format(path)
+        if format != "parquet":
+            return _raw_head(path, format, n, where, options)
         return _parquet_head(list(expand(path)), n, where)
     names = paths.list_dir(path)
     if not names:
@@ -61,12 +62,13 @@ def _parquet_head(files: list[str], n: int, where: str | None) -> list[dict[str,
     return _matching(dataset, where, n).to_pylist()
 
 
-def _raw_head(path: str, n: int, where: str | None, options: RunOptions | None) -> list[dict]:
-    """The first `n` documents of JSONL or text input for which `where` holds: each worker keeps
-    the matching documents of its batches (at most `n` a batch), the first `n` are shown."""
-    fields = (
-        inputs.record_fields(path, FIELD_RECORDS) if inputs.input_format(path) == "jsonl" else {}
-    )
+def _raw_head(
+    path: str, format: str, n: int, where: str | None, options: RunOptions | None
+) -> list[dict]:
+    """The first `n` documents of JSONL or text input (`format`) for which `where` holds: each
+    worker keeps the matching documents of its batches (at most `n` a batch), the first `n` are
+    shown."""
+    fields = inputs.record_fields(path, FIELD_RECORDS) if format == "jsonl" else {}
     docs = inputs.read_documents(path, fields=fields, require_text=False)  # html records too
     if where is not None:
         schema = pa.schema([*inputs.RAW_SCHEMA, *(pa.field(*item) for item in fields.items())])

@@ -149,7 +149,7 @@ def _suffix_format(path: str) -> str | None:
 
 def _files(input: str) -> tuple[str, ...]:
     fs, fs_path = paths.filesystem(input)
-    if not any(char in fs_path for char in "*?[") and fs.isdir(fs_path):
+    if not paths.is_glob(fs_path) and fs.isdir(fs_path):
         raise UsageError(
             f"{input} is a directory: pass a glob of its files, such as {input}/*.jsonl.gz"
         )

@@ -251,7 +251,7 @@ def _default_name(input: str) -> str:
     """A source's name from its input: the last part of its path, with its directory's name when
     it is a glob (`raw/*.jsonl` -> `raw/*.jsonl`, `web/` -> `web`)."""
     parts = str(input).rstrip("/").split("/")
-    if any(char in parts[-1] for char in "*?[") and len(parts) > 1 and parts[-2]:
+    if paths.is_glob(parts[-1]) and len(parts) > 1 and parts[-2]:
         return "/".join(parts[-2:])
     return parts[-1] or "source"
 

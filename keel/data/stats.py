@@ -17,7 +17,6 @@ None there.
 from __future__ import annotations
 
 import json
-import posixpath
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -33,7 +32,7 @@ from keel.data.documents import STAGE_FILE, TEXT_COLUMN, StageReport
 from keel.data.token_cache import MANIFEST_FILE, Manifest
 from keel.flow import RunOptions
 from keel.flow.runner import SUCCESS_MARKER
-from keel.flow.sources import expand
+from keel.flow.sources import directory_hint, expand
 
 LANGUAGE_COLUMN = "language"
 QUALITY_COLUMN = "quality_score"
@@ -110,9 +109,8 @@ def data_stats(path: str, options: RunOptions | None = None) -> DataStats:
     parts = [name for name in names if name.startswith("part-") and name.endswith(".parquet")]
     if not parts and stage is None and SUCCESS_MARKER not in names:
         raise UsageError(
-            f"{path}: neither a document set (part-*.parquet) nor a token cache; for raw "
-            "files in it pass a glob, e.g. "
-            f"{paths.join(path, '*' + posixpath.splitext(names[0])[1])}"
+            f"{path}: neither a document set (part-*.parquet) nor a token cache"
+            f"{directory_hint(path)}"
         )
     stats = DataStats(path=path, kind="documents", files=len(parts), stage=stage)
     tally = Tally()

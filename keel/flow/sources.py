@@ -177,11 +177,17 @@ def expand(pattern: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def _what_is_there(pattern: str) -> str:
-    """For a glob that matched nothing: what its directory holds instead, when it exists and is
-    not empty (a directory of raw files given where a document set was expected)."""
+    """For a glob that matched nothing: what its directory holds instead (directory_hint)."""
     directory = posixpath.dirname(pattern.rstrip("/"))
-    if not directory or any(char in directory for char in "*?["):
+    if not directory or paths.is_glob(directory):
         return ""
+    return directory_hint(directory)
+
+
+def directory_hint(directory: str) -> str:
+    """` (DIR holds a.txt, b.txt: to read those files, pass a glob such as DIR/*.txt)`, or ""
+    when the directory is missing or empty: the hint for a directory of raw files given where a
+    set of part files (a document set, a flow output) was expected."""
     names = paths.list_dir(directory)
     if not names:
         return ""

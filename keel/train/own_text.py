@@ -19,6 +19,7 @@ bits per byte compare with the training loss.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import tempfile
 from collections.abc import Sequence
@@ -155,14 +156,8 @@ def tokenize_text(config: TextTokenize, output: str) -> None:
 def format_runs(files: Sequence[Path]) -> list[list[str]]:
     """The files cut into runs of one format (keel.data.inputs reads one format at a time), in
     their order: [[a.jsonl, b.jsonl], [c.txt], [d.jsonl]]."""
-    runs: list[list[str]] = []
-    for previous, file in zip([None, *files], files, strict=False):
-        same = previous is not None and file_format(previous.name) == file_format(file.name)
-        if same:
-            runs[-1].append(str(file))
-        else:
-            runs.append([str(file)])
-    return runs
+    runs = itertools.groupby(files, key=lambda file: file_format(file.name))
+    return [[str(file) for file in run] for _, run in runs]
 
 
 def document_texts(path: str, flag: str, limit: int | None = None) -> list[str]:
