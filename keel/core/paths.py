@@ -75,6 +75,14 @@ def exists(path: str | os.PathLike[str]) -> bool:
     return fs.exists(fs_path)
 
 
+def file_size(path: str | os.PathLike[str]) -> int:
+    """A file's size in bytes."""
+    if is_local(path):
+        return local_path(path).stat().st_size
+    fs, fs_path = filesystem(path)
+    return int(fs.size(fs_path))
+
+
 def read_text(path: str | os.PathLike[str]) -> str:
     """The UTF-8 text of a file; FileNotFoundError when it is missing."""
     if is_local(path):

@@ -6,12 +6,20 @@ input carries: a set whose records have their own ids (b1, b2, ...) loses its re
 Input without an `id` column gets one computed from `text`, and the output carries it. The input
 is a document set, Parquet, JSONL or text files (keel.data.inputs).
 
-Two passes, and no text in any shuffle: the first reads texts, ids and sources, and shuffles
-only each document's text hash, id, source and place in the input (inputs.POSITION_COLUMN) to
-find every copy after the first (the removed rows, with the id each duplicates); the second reads
-whole documents again and writes those not removed, file by file. Moving the texts through a
-shuffle (keel/flow's deduplicate) cost more than reading them twice: on 2M documents the stage
-took 14.8 s that way against polars' 3.4 s (docs/benchmarks.md).
+An input of a few files (ONE_READ_MAX_FILES, none over ONE_READ_MAX_FILE_BYTES) is read once:
+each file, in input order, hashes its texts, tells the later files which it holds and sets
+aside the documents an earlier one holds (keel/flow's mark_later_copies: no shuffle, one file
+in memory per worker). On 2M documents in 8 files this takes about 1.2x polars' time
+(docs/benchmarks.md), where the design below took 1.4x.
+
+A larger input takes two passes, and no text in any shuffle: the first reads texts, ids and
+sources, and shuffles only each document's text hash, id, source and place in the input
+(inputs.POSITION_COLUMN) to find every copy after the first (the removed rows, with the id each
+duplicates); the second reads whole documents again and writes those not removed, file by file.
+Its work grows with the documents alone, where the one read's grows with files x documents
+(each file looks its keys up in every earlier file's). Moving the texts through a shuffle
+(keel/flow's deduplicate) cost more than reading them twice: on 2M documents the stage took
+14.8 s that way against polars' 3.4 s.
 
     from keel.data.dedup import run_exact_dedup
 
@@ -21,8 +29,7 @@ took 14.8 s that way against polars' 3.4 s (docs/benchmarks.md).
 Output directory: the kept documents (part-*.parquet, in input order), removed.parquet (id,
 duplicate_of = the kept document's id, similarity, source: one row per removed document, in input
 order), stage.json, committed together (documents.stage_output). Input without a `text` column
-is refused. removed.parquet is written on a thread while the workers run the second pass: its sort
-and write (~1 s for 600,000 removed rows) no longer wait for the kept documents.
+is refused. Both designs write the same tables.
 """
 
 from __future__ import annotations
@@ -43,11 +50,25 @@ from keel.data import documents, inputs
 from keel.data.inputs import Input
 from keel.data.places import PlaceTable
 from keel.flow import RunOptions, pooled, run_lengths
+from keel.flow.sources import expand
 
 STAGE = "exact_dedup"
 TEXT_KEY = "__keel_text_key"
 """The hidden column exact dedup groups by: the hash of the text."""
 REASON = "exact_duplicate"
+ONE_READ_MAX_FILES = 64
+ONE_READ_MAX_FILE_BYTES = 256 * 1024 * 1024
+"""Inputs of at most this many files, none larger (bytes on disk), are deduplicated in one read
+(module doc); larger ones by a shuffle of text hashes and a second read."""
+_DUPLICATE_OF = "__keel_duplicate_of"
+_REMOVED_PREFIX = "__keel_removed_"
+_REMOVED_ASIDE = (
+    _DUPLICATE_OF,
+    _REMOVED_PREFIX + documents.ID_COLUMN,
+    _REMOVED_PREFIX + documents.SOURCE_COLUMN,
+)
+"""The columns the one-read write sets aside for each removed document (its duplicate_of is
+not null): removed.parquet's, under names that keep the documents' own id and source."""
 REMOVED_FILE = "removed.parquet"
 REMOVED_SCHEMA = pa.schema(
     [
@@ -66,7 +87,8 @@ class ExactDedupConfig:
     """Exact dedup settings."""
 
     num_shards: int | None = None
-    """Partitions of the shuffle of text hashes (default: the number of input files)."""
+    """Partitions of the shuffle of text hashes (default: the number of input files); only an
+    input too large for one read (module doc) is shuffled."""
 
     def __post_init__(self) -> None:
         if self.num_shards is not None and self.num_shards < 1:
@@ -86,52 +108,125 @@ def run_exact_dedup(
     keyed by the hash of their text, whatever ids the input carries."""
     names = inputs.column_names(input)
     require_text(names, input)
-    num_shards = config.num_shards  # None: keel/flow's default, the input's shard count
     with documents.stage_output(output, input) as staging, pooled(options) as options:
-        # pass 1, text hashes, ids, sources and places: every copy after the first of a text
-        wanted = [documents.TEXT_COLUMN, documents.ID_COLUMN, documents.SOURCE_COLUMN]
-        found = (
-            inputs.read_documents(input, columns=present(names, wanted), positions=True)
-            .map_batches(key_rows)
-            .group_batches(TEXT_KEY, later_copies, num_shards=num_shards)
-            .to_table(options=options)
-        )
-        removed = table_or_empty(found, REMOVED_SCHEMA)
-        positions = _positions(found)
-        order = np.argsort(positions, kind="stable")  # the removed rows in input order
-        with (
-            PlaceTable.of_places(staging, positions[order]) as removed_places,
-            futures.ThreadPoolExecutor(1) as side,
-        ):
-            # removed.parquet is put in order and written while the workers run pass 2
-            written = side.submit(lambda: write_removed(staging, removed.take(order)))
-            # pass 2, whole documents: all but those, in input order
-            result = (
-                inputs.read_documents(input, positions=True)
-                .map_batches(functools.partial(without_places, removed=removed_places))
-                .write_parquet(staging, options=options, commit=False)
+        if _fits_one_read(input):
+            documents_in, documents_out, removed = _one_read(input, staging, options)
+        else:
+            documents_in, documents_out, removed = _two_reads(
+                input, names, staging, config, options
             )
-            written.result()
         report = documents.StageReport(
             STAGE,
-            documents_in=result.stages[0].rows_in,
-            documents_out=result.rows,
+            documents_in=documents_in,
+            documents_out=documents_out,
             details={"config": asdict(config)},
         )
-        sample = removed.column("id").take(order[: documents.DROPPED_SAMPLE]).to_pylist()
-        report.drop(REASON, sample, count=len(order))
+        sample = removed.column("id").slice(0, documents.DROPPED_SAMPLE).to_pylist()
+        report.drop(REASON, sample, count=removed.num_rows)
         report.write(staging)
     return report
 
 
-def key_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """map_batches: documents -> (text key, id, source, place) rows, without the text. The key is
-    the 16-byte xxh3-128 of the text (the digest documents.document_id spells in hex), so equal
-    keys mean equal texts even where the input's own ids differ."""
+def _fits_one_read(input: Input) -> bool:
+    """Whether the input is few enough files, each small enough to hold, for one read."""
+    files = expand(documents.parquet_glob(input))
+    return len(files) <= ONE_READ_MAX_FILES and all(
+        paths.file_size(path) <= ONE_READ_MAX_FILE_BYTES for path in files
+    )
+
+
+def _one_read(input: Input, staging: str, options: RunOptions) -> tuple[int, int, pa.Table]:
+    """Files in input order, each marking the texts an earlier document holds
+    (Dataset.mark_later_copies) and setting those rows aside as removed.parquet's: (documents
+    in, documents out, removed rows in input order), the kept documents written to `staging`."""
+    result = (
+        inputs.read_documents(input)
+        .map_batches(with_text_key)
+        .mark_later_copies(TEXT_KEY, carry=documents.ID_COLUMN, into=_DUPLICATE_OF)
+        .map_batches(_removed_columns)
+        .write_parquet(staging, options=options, commit=False, aside=_REMOVED_ASIDE)
+    )
+    write_removed(staging, removed := _removed_table(result.aside))
+    return result.stages[0].rows_in, result.rows, removed
+
+
+def _two_reads(
+    input: Input,
+    names: list[str] | None,
+    staging: str,
+    config: ExactDedupConfig,
+    options: RunOptions,
+) -> tuple[int, int, pa.Table]:
+    """The module doc's shuffle of text hashes, then a second read writing the documents not
+    removed: (documents in, documents out, removed rows in input order)."""
+    # pass 1, text hashes, ids, sources and places: every copy after the first of a text
+    wanted = [documents.TEXT_COLUMN, documents.ID_COLUMN, documents.SOURCE_COLUMN]
+    found = (
+        inputs.read_documents(input, columns=present(names, wanted), positions=True)
+        .map_batches(key_rows)
+        .group_batches(TEXT_KEY, later_copies, num_shards=config.num_shards)
+        .to_table(options=options)
+    )
+    removed = table_or_empty(found, REMOVED_SCHEMA)
+    positions = _positions(found)
+    order = np.argsort(positions, kind="stable")  # the removed rows in input order
+    removed = removed.take(order)
+    with (
+        PlaceTable.of_places(staging, positions[order]) as removed_places,
+        futures.ThreadPoolExecutor(1) as side,
+    ):
+        # removed.parquet is written while the workers run pass 2
+        written = side.submit(write_removed, staging, removed)
+        # pass 2, whole documents: all but those, in input order
+        result = (
+            inputs.read_documents(input, positions=True)
+            .map_batches(functools.partial(without_places, removed=removed_places))
+            .write_parquet(staging, options=options, commit=False)
+        )
+        written.result()
+    return result.stages[0].rows_in, result.rows, removed
+
+
+def with_text_key(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """map_batches: the documents and their text key, the 16-byte xxh3-128 of the text (the
+    digest documents.document_id spells in hex), so equal keys mean equal texts even where the
+    input's own ids differ."""
     keys = pa.array(_text_digests(batch.column(documents.TEXT_COLUMN)), pa.binary(16))
-    keyed = batch.append_column(TEXT_KEY, keys)
+    return batch.append_column(TEXT_KEY, keys)
+
+
+def key_rows(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """map_batches: documents -> (text key, id, source, place) rows, without the text."""
+    keyed = with_text_key(batch)
     names = [TEXT_KEY, documents.ID_COLUMN, documents.SOURCE_COLUMN, inputs.POSITION_COLUMN]
     return keyed.select([name for name in names if name in keyed.schema.names])
+
+
+def _removed_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """map_batches after mark_later_copies: the documents without their text key, and beside
+    them the columns the write sets aside for removed rows (_REMOVED_ASIDE: the same arrays
+    under other names, not copies)."""
+    batch = batch.drop_columns([TEXT_KEY])
+    for name in (documents.ID_COLUMN, documents.SOURCE_COLUMN):
+        column = (
+            batch.column(name) if name in batch.schema.names else pa.nulls(len(batch), pa.string())
+        )
+        batch = batch.append_column(_REMOVED_PREFIX + name, column)
+    return batch
+
+
+def _removed_table(aside: pa.Table | None) -> pa.Table:
+    """The write's set-aside rows (input order) as removed.parquet's table."""
+    if aside is None or aside.num_rows == 0:
+        return REMOVED_SCHEMA.empty_table()
+    return pa.table(
+        {
+            "id": aside.column(_REMOVED_PREFIX + documents.ID_COLUMN),
+            "duplicate_of": aside.column(_DUPLICATE_OF),
+            "similarity": pa.array(np.ones(aside.num_rows)),
+            "source": aside.column(_REMOVED_PREFIX + documents.SOURCE_COLUMN),
+        }
+    ).cast(REMOVED_SCHEMA)
 
 
 def _text_digests(texts: pa.Array | pa.ChunkedArray) -> list[bytes]:

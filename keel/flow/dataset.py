@@ -33,6 +33,7 @@ from keel.flow.ops import (
     Key,
     Map,
     MapBatches,
+    MarkLaterCopies,
     Reducer,
     Repartition,
     Row,
@@ -129,6 +130,17 @@ class Dataset:
         if bad:
             raise UsageError(f"sort order must be 'ascending' or 'descending', got {bad[0]!r}")
         return self._then(Sort(keys))
+
+    def mark_later_copies(self, key: str, carry: str, into: str) -> Dataset:
+        """Mark each row whose `key` an earlier row holds (input order: shard, then row): a new
+        column `into` gets the `carry` value of that key's first row, null for the first row
+        itself. The key is a column of 16-byte digests (pa.binary(16)); each shard must fit in
+        memory. One read, no shuffle: meant for a few shards, since each task reads the keys of
+        every earlier one (keel.flow.later_copies).
+
+            docs.mark_later_copies("text_hash", carry="id", into="duplicate_of")
+        """
+        return self._then(MarkLaterCopies(key, carry, into))
 
     # -- actions ----------------------------------------------------------------------------
     def write_parquet(

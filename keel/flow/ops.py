@@ -3,7 +3,8 @@
 Narrow operations (map, flat_map, filter, map_batches, select) work chunk by chunk and are fused
 into one stage. Wide operations (group_by, group_batches, deduplicate, repartition) move rows
 between shards, so
-the planner cuts a stage at each. `sort` orders the rows of each shard and ends its stage.
+the planner cuts a stage at each. `sort` (orders the rows of each shard) and `mark_later_copies`
+work on a whole shard at once, after the stage's fused chain.
 
 Rows are dicts; a chunk is a pyarrow RecordBatch. A fused chain converts a chunk to rows only when
 a row function needs them, and back to a RecordBatch only when a batch operation or the stage's
@@ -97,6 +98,19 @@ class Sort:
 
     keys: tuple[tuple[str, str], ...]
 
+
+@dataclass(frozen=True)
+class MarkLaterCopies:
+    """Give each row whose `key` an earlier row holds the `carry` value of the key's first row,
+    in a new column `into` (keel.flow.later_copies)."""
+
+    key: str
+    carry: str
+    into: str
+
+
+ShardOp = Sort | MarkLaterCopies
+"""An operation on a whole shard at once: it ends its stage's fused chain."""
 
 WideOp = GroupBy | GroupBatches | Deduplicate | Repartition
 

@@ -2,9 +2,9 @@
 
 Consecutive narrow operations fuse into one stage, which runs them chunk by chunk without writing
 anything in between. Each wide operation (group_by, group_batches, deduplicate, repartition) ends
-a stage with a shuffle, and the next stage starts by reducing that shuffle. A sort orders each
-shard at the end of its stage; narrow operations after it still run in that stage, on the sorted
-rows.
+a stage with a shuffle, and the next stage starts by reducing that shuffle. An operation on a
+whole shard (sort, mark_later_copies) runs at the end of its stage's fused chain; narrow
+operations after it still run in that stage, on its rows.
 """
 
 from __future__ import annotations
@@ -22,15 +22,17 @@ from keel.flow.ops import (
     GroupBy,
     Map,
     MapBatches,
+    MarkLaterCopies,
     NarrowOp,
     Repartition,
     Select,
+    ShardOp,
     Sort,
     WideOp,
 )
 from keel.flow.sources import FileSource, Source
 
-Op = NarrowOp | WideOp | Sort
+Op = NarrowOp | WideOp | ShardOp
 
 
 @dataclass(frozen=True)
@@ -38,23 +40,24 @@ class StagePlan:
     """One stage: where its rows come from, what it does to them, where they go.
 
     `reduce` is None for the first stage (it reads the source) and otherwise the wide operation
-    whose shuffle this stage reduces; `shuffle` is the wide operation this stage's output feeds,
-    or None for the last stage."""
+    whose shuffle this stage reduces; `shard_op` works on each shard's rows after `ops`, and
+    `after` on its output; `shuffle` is the wide operation this stage's output feeds, or None for
+    the last stage."""
 
     index: int
     reduce: WideOp | None
     ops: tuple[NarrowOp, ...]
-    sort: Sort | None
-    after_sort: tuple[NarrowOp, ...]
+    shard_op: ShardOp | None
+    after: tuple[NarrowOp, ...]
     shuffle: WideOp | None
 
     @property
     def name(self) -> str:
         parts = [_name(self.reduce)] if self.reduce else ["read"]
         parts += [_name(op) for op in self.ops]
-        if self.sort:
-            parts.append(_name(self.sort))
-        parts += [_name(op) for op in self.after_sort]
+        if self.shard_op:
+            parts.append(_name(self.shard_op))
+        parts += [_name(op) for op in self.after]
         return " -> ".join(parts)
 
 
@@ -63,20 +66,22 @@ def build_plan(ops: Sequence[Op]) -> list[StagePlan]:
     reduce: WideOp | None = None
     narrow: list[NarrowOp] = []
     after: list[NarrowOp] = []
-    sort: Sort | None = None
+    shard_op: ShardOp | None = None
     for op in ops:
         if isinstance(op, (GroupBy, GroupBatches, Deduplicate, Repartition)):
-            stages.append(StagePlan(len(stages), reduce, tuple(narrow), sort, tuple(after), op))
-            reduce, narrow, after, sort = op, [], [], None
-        elif isinstance(op, Sort):
-            if sort is not None:
-                raise UsageError("one sort per stage: a second sort needs a repartition between")
-            sort = op
-        elif sort is not None:
+            stages.append(StagePlan(len(stages), reduce, tuple(narrow), shard_op, tuple(after), op))
+            reduce, narrow, after, shard_op = op, [], [], None
+        elif isinstance(op, (Sort, MarkLaterCopies)):
+            if shard_op is not None:
+                raise UsageError(
+                    "one sort or mark_later_copies per stage: a second needs a repartition between"
+                )
+            shard_op = op
+        elif shard_op is not None:
             after.append(op)
         else:
             narrow.append(op)
-    stages.append(StagePlan(len(stages), reduce, tuple(narrow), sort, tuple(after), None))
+    stages.append(StagePlan(len(stages), reduce, tuple(narrow), shard_op, tuple(after), None))
     return stages
 
 
@@ -96,13 +101,14 @@ def explain(source: Source, stages: Sequence[StagePlan]) -> str:
         lines.append(f"stage {stage.index}: {tasks} tasks")
         reads = origin if stage.reduce is None else f"shuffle of stage {stage.index - 1}"
         lines.append(f"  input: {reads}")
-        if stage.ops or stage.sort:
+        if stage.ops or stage.shard_op:
             lines.append(
                 f"  fused: {' -> '.join(_name(op) for op in stage.ops) or '-'}"
-                + (f" | {_name(stage.sort)} per shard" if stage.sort else "")
+                + (f" | {_name(stage.shard_op)} per shard" if stage.shard_op else "")
             )
-        if stage.after_sort:
-            lines.append(f"  after sort: {' -> '.join(_name(op) for op in stage.after_sort)}")
+        if stage.after:
+            after = _name(stage.shard_op).split("(")[0]
+            lines.append(f"  after {after}: {' -> '.join(_name(op) for op in stage.after)}")
         out = f"shuffle by {_name(stage.shuffle)}" if stage.shuffle else "output"
         lines.append(f"  output: {out}")
     return "\n".join(lines)
@@ -133,6 +139,8 @@ def _name(op: object) -> str:
         return f"deduplicate({_key(op.key)}, {op.num_shards} shards)"
     if isinstance(op, Repartition):
         return f"repartition({op.num_shards})"
+    if isinstance(op, MarkLaterCopies):
+        return f"mark_later_copies({op.key!r}, carry {op.carry!r} into {op.into!r})"
     if isinstance(op, Sort):
         return "sort(" + ", ".join(f"{c}{' desc' * (o == 'descending')}" for c, o in op.keys) + ")"
     return type(op).__name__

@@ -130,13 +130,6 @@ def _split(batch: pa.RecordBatch, bucket: np.ndarray, buckets: int, streams: Spi
         streams.append(int(index), ordered.slice(start, end - start))
 
 
-def file_size(path: str) -> int:
-    if paths.is_local(path):
-        return paths.local_path(path).stat().st_size
-    fs, fs_path = paths.filesystem(path)
-    return int(fs.size(fs_path))
-
-
 def read_segments(segments: Sequence[Segment]) -> Iterator[pa.RecordBatch]:
     """The batches of `segments`, in order, one at a time."""
     for segment in segments:

@@ -18,16 +18,18 @@ import pyarrow.compute as pc
 
 from keel.core import paths
 from keel.core.process import peak_resident_bytes
+from keel.flow import later_copies
 from keel.flow.keys import HIDDEN_COLUMNS, KEY_COLUMN
 from keel.flow.ops import (
     Deduplicate,
     GroupBatches,
     Key,
+    MarkLaterCopies,
     NarrowOp,
     Reducer,
     Repartition,
     Row,
-    Sort,
+    ShardOp,
     StageError,
     WideOp,
     rows_to_batch,
@@ -39,7 +41,6 @@ from keel.flow.shuffle import (
     Segment,
     SpillStreams,
     concat_batches,
-    file_size,
     partition_tables,
     read_segments,
     sort_into_runs,
@@ -149,8 +150,8 @@ class Task:
     stage_name: str
     input: SourceInput | ShuffleInput
     ops: tuple[NarrowOp, ...]
-    sort: Sort | None
-    after_sort: tuple[NarrowOp, ...]
+    shard_op: ShardOp | None
+    after: tuple[NarrowOp, ...]
     output: Output
     settings: Settings
     work_dir: str
@@ -191,8 +192,8 @@ class Task:
             for batch in self._input(directory, result)
             if (out := run_narrow(self.ops, batch)) is not None
         )
-        if self.sort is not None:
-            chunks = self._sorted(chunks)
+        if self.shard_op is not None:
+            chunks = self._whole_shard(chunks)
         writer = self._writer(directory)
         limit = self.output.limit if isinstance(self.output, CollectOutput) else None
         aside = self.output.aside if isinstance(self.output, FileOutput) else ()
@@ -210,7 +211,7 @@ class Task:
         if isinstance(writer, PartitionWriter):
             result.partitions = writer.close()
             result.bytes_spilled = sum(
-                file_size(s.path) for segments in result.partitions.values() for s in segments
+                paths.file_size(s.path) for segments in result.partitions.values() for s in segments
             )
         elif isinstance(writer, FileSink):
             result.files = writer.close()
@@ -262,14 +263,22 @@ class Task:
                 del table  # the rows are all the reducer needs: hold one copy, not two
                 yield from _grouped(keys, rows, starts, reduce.reducer, self.settings.chunk_rows)
 
-    def _sorted(self, chunks: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def _whole_shard(self, chunks: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The shard's rows through `shard_op` (sort, mark_later_copies) and then `after`."""
         batches = list(chunks)
+        marking = isinstance(self.shard_op, MarkLaterCopies)
+        keys_dir = paths.join(stage_dir(self.work_dir, self.stage), "keys")
         if not batches:
+            if marking:  # the later shards wait for this one's keys, even when it has none
+                later_copies.publish_none(self.index, keys_dir)
             return
         table = concat_batches(batches)
-        table = table.sort_by(list(self.sort.keys))
+        if marking:
+            table = later_copies.mark(table, self.shard_op, self.index, keys_dir)
+        else:
+            table = table.sort_by(list(self.shard_op.keys))
         for batch in table.to_batches(self.settings.chunk_rows):
-            out = run_narrow(self.after_sort, batch)
+            out = run_narrow(self.after, batch)
             if out is not None:
                 yield out
 

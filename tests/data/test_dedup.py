@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from keel.core.errors import UsageError
-from keel.data import minhash
+from keel.data import dedup, minhash
 from keel.data.dedup import ExactDedupConfig, run_exact_dedup
 from keel.data.documents import StageReport, document_id
 from keel.data.fuzzy import FuzzyDedupConfig, run_fuzzy_dedup
@@ -79,7 +79,16 @@ def _kept(directory: Path) -> list[dict]:
 # -- exact ------------------------------------------------------------------------------------
 
 
-def test_exact_dedup_removes_exactly_the_planted_copies(labelled, tmp_path, pool):
+@pytest.fixture(params=["one read", "two reads"])
+def exact_reads(request, monkeypatch):
+    """Exact dedup's two designs (keel.data.dedup): one read in input order, for a few files,
+    and a shuffle of text hashes then a second read, for many. Each exact test runs both."""
+    if request.param == "two reads":
+        monkeypatch.setattr(dedup, "ONE_READ_MAX_FILES", 0)
+    return request.param
+
+
+def test_exact_dedup_removes_exactly_the_planted_copies(labelled, tmp_path, pool, exact_reads):
     rng = random.Random(1)
     rows = [dict(row, source=f"doc-{n}") for n, row in enumerate(labelled.rows[:300])]
     for n, original in enumerate(rng.sample(rows, 60)):  # copies land after their original
@@ -98,7 +107,20 @@ def test_exact_dedup_removes_exactly_the_planted_copies(labelled, tmp_path, pool
     assert (report.documents_in, report.documents_out) == (360, 300)
 
 
-def test_exact_dedup_writes_removed_rows_and_stage_json(tmp_path, pool):
+def test_one_read_and_two_reads_write_the_same_tables(labelled, tmp_path, pool, monkeypatch):
+    rows = labelled.rows[:200] + [dict(row, source="copy") for row in labelled.rows[50:120:3]]
+    source = _write(rows + labelled.rows[100:160], tmp_path / "in", files=3)
+    run_exact_dedup(source, str(tmp_path / "one"), options=pool)
+    monkeypatch.setattr(dedup, "ONE_READ_MAX_FILES", 0)
+    run_exact_dedup(source, str(tmp_path / "two"), options=pool)
+    for name in ("part-*.parquet", "removed.parquet"):
+        one, two = (pq.read_table(sorted((tmp_path / d).glob(name))) for d in ("one", "two"))
+        assert one.num_rows > 0 and one.equals(two), name
+    stages = [json.loads((tmp_path / d / "stage.json").read_text()) for d in ("one", "two")]
+    assert stages[0] == stages[1] and stages[0]["dropped"] == {"exact_duplicate": 84}
+
+
+def test_exact_dedup_writes_removed_rows_and_stage_json(tmp_path, pool, exact_reads):
     rows = [_doc("a b c", "s0"), _doc("d e f", "s1"), _doc("a b c", "s2"), _doc("a b c", "s3")]
     run_exact_dedup(_write(rows, tmp_path / "in"), str(tmp_path / "out"), options=pool)
     assert _removed(tmp_path / "out") == [
@@ -114,7 +136,7 @@ def test_exact_dedup_writes_removed_rows_and_stage_json(tmp_path, pool):
     assert StageReport.read(str(tmp_path / "out")).dropped == {"exact_duplicate": 2}
 
 
-def test_exact_dedup_keeps_the_first_copy_across_files_in_input_order(tmp_path, pool):
+def test_exact_dedup_keeps_the_first_copy_across_files_in_input_order(tmp_path, pool, exact_reads):
     texts = ["late", "x y", "first", "x y", "only", "first", "late"]  # 2 files: 4 + 3 rows
     rows = [_doc(text, f"s{n}") for n, text in enumerate(texts)]
     run_exact_dedup(_write(rows, tmp_path / "in"), str(tmp_path / "out"), options=pool)
@@ -127,7 +149,7 @@ def test_exact_dedup_keeps_the_first_copy_across_files_in_input_order(tmp_path, 
     ]  # fmt: skip
 
 
-def test_input_without_ids_gets_them_from_the_text(tmp_path, pool):
+def test_input_without_ids_gets_them_from_the_text(tmp_path, pool, exact_reads):
     rows = [{"text": text, "source": "s"} for text in ("one two", "three", "one two")]
     run_exact_dedup(_write(rows, tmp_path / "in", 1), str(tmp_path / "out"), options=pool)
     kept = _kept(tmp_path / "out")

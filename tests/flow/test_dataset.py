@@ -148,7 +148,7 @@ def test_repartition_keeps_every_row_and_spreads_them(pool, tmp_path):
 def test_sort_orders_rows_within_each_shard(pool):
     rows = from_items(ROWS, 1).sort("n", descending=True).to_table(backend=pool).to_pylist()
     assert [r["n"] for r in rows] == list(range(99, -1, -1))
-    with pytest.raises(UsageError, match="one sort per stage"):
+    with pytest.raises(UsageError, match="one sort or mark_later_copies per stage"):
         from_items(ROWS).sort("n").sort("id").explain()
 
 

@@ -1,8 +1,11 @@
 """Backends run a stage's tasks on workers: `local` (processes on this machine) or `ray`.
 
 A backend takes a list of tasks and returns one TaskResult per task, in task order. Workers pull
-the next task when they finish one (no static assignment). A task that raises or whose worker dies
-is run again, up to `retries` more times; then the run fails with TaskFailedError naming the task.
+the next task when they finish one (no static assignment). Tasks start in index order, and a
+failed task is tried again before any task not yet started: a mark_later_copies task waits for
+the earlier ones (keel/flow/later_copies.py), so an earlier task must never queue behind it. A
+task that raises or whose worker dies is run again, up to `retries` more times; then the run
+fails with TaskFailedError naming the task.
 Errors that would repeat on every attempt (malformed input, a user function returning the wrong
 type) fail at once.
 """
