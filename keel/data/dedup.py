@@ -60,6 +60,9 @@ ONE_READ_MAX_FILES = 64
 ONE_READ_MAX_FILE_BYTES = 256 * 1024 * 1024
 """Inputs of at most this many files, none larger (bytes on disk), are deduplicated in one read
 (module doc); larger ones by a shuffle of text hashes and a second read."""
+Passes = tuple[int, int, int, list[str]]
+"""What a design's passes did: documents in, documents out, documents removed, and the ids of
+the first removed (documents.DROPPED_SAMPLE)."""
 _DUPLICATE_OF = "__keel_duplicate_of"
 _REMOVED_PREFIX = "__keel_removed_"
 _REMOVED_ASIDE = (
@@ -110,9 +113,9 @@ def run_exact_dedup(
     require_text(names, input)
     with documents.stage_output(output, input) as staging, pooled(options) as options:
         if _fits_one_read(input):
-            documents_in, documents_out, removed = _one_read(input, staging, options)
+            documents_in, documents_out, removed, sample = _one_read(input, staging, options)
         else:
-            documents_in, documents_out, removed = _two_reads(
+            documents_in, documents_out, removed, sample = _two_reads(
                 input, names, staging, config, options
             )
         report = documents.StageReport(
@@ -121,8 +124,7 @@ def run_exact_dedup(
             documents_out=documents_out,
             details={"config": asdict(config)},
         )
-        sample = removed.column("id").slice(0, documents.DROPPED_SAMPLE).to_pylist()
-        report.drop(REASON, sample, count=removed.num_rows)
+        report.drop(REASON, sample, count=removed)
         report.write(staging)
     return report
 
@@ -135,19 +137,25 @@ def _fits_one_read(input: Input) -> bool:
     )
 
 
-def _one_read(input: Input, staging: str, options: RunOptions) -> tuple[int, int, pa.Table]:
+def _one_read(input: Input, staging: str, options: RunOptions) -> Passes:
     """Files in input order, each marking the texts an earlier document holds
-    (Dataset.mark_later_copies) and setting those rows aside as removed.parquet's: (documents
-    in, documents out, removed rows in input order), the kept documents written to `staging`."""
-    result = (
-        inputs.read_documents(input)
-        .map_batches(with_text_key)
-        .mark_later_copies(TEXT_KEY, carry=documents.ID_COLUMN, into=_DUPLICATE_OF)
-        .map_batches(_removed_columns)
-        .write_parquet(staging, options=options, commit=False, aside=_REMOVED_ASIDE)
-    )
-    write_removed(staging, removed := _removed_table(result.aside))
-    return result.stages[0].rows_in, result.rows, removed
+    (Dataset.mark_later_copies) and setting those rows aside: removed.parquet's, written as each
+    file's are handed over while the later files run."""
+    with _RemovedWriter(staging) as removed:
+        result = (
+            inputs.read_documents(input)
+            .map_batches(with_text_key)
+            .mark_later_copies(TEXT_KEY, carry=documents.ID_COLUMN, into=_DUPLICATE_OF)
+            .map_batches(_removed_columns)
+            .write_parquet(
+                staging,
+                options=options,
+                commit=False,
+                aside=_REMOVED_ASIDE,
+                on_aside=removed.append,
+            )
+        )
+    return result.stages[0].rows_in, result.rows, removed.count, removed.sample
 
 
 def _two_reads(
@@ -156,9 +164,9 @@ def _two_reads(
     staging: str,
     config: ExactDedupConfig,
     options: RunOptions,
-) -> tuple[int, int, pa.Table]:
+) -> Passes:
     """The module doc's shuffle of text hashes, then a second read writing the documents not
-    removed: (documents in, documents out, removed rows in input order)."""
+    removed."""
     # pass 1, text hashes, ids, sources and places: every copy after the first of a text
     wanted = [documents.TEXT_COLUMN, documents.ID_COLUMN, documents.SOURCE_COLUMN]
     found = (
@@ -184,7 +192,8 @@ def _two_reads(
             .write_parquet(staging, options=options, commit=False)
         )
         written.result()
-    return result.stages[0].rows_in, result.rows, removed
+    sample = removed.column("id").slice(0, documents.DROPPED_SAMPLE).to_pylist()
+    return result.stages[0].rows_in, result.rows, removed.num_rows, sample
 
 
 def with_text_key(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -215,18 +224,45 @@ def _removed_columns(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
-def _removed_table(aside: pa.Table | None) -> pa.Table:
-    """The write's set-aside rows (input order) as removed.parquet's table."""
-    if aside is None or aside.num_rows == 0:
-        return REMOVED_SCHEMA.empty_table()
-    return pa.table(
-        {
-            "id": aside.column(_REMOVED_PREFIX + documents.ID_COLUMN),
-            "duplicate_of": aside.column(_DUPLICATE_OF),
-            "similarity": pa.array(np.ones(aside.num_rows)),
-            "source": aside.column(_REMOVED_PREFIX + documents.SOURCE_COLUMN),
-        }
-    ).cast(REMOVED_SCHEMA)
+class _RemovedWriter:
+    """removed.parquet written a table at a time on a thread (the one read hands each file's
+    removed rows over while the later files run); counts them and keeps the first ids as the
+    report's sample."""
+
+    def __init__(self, directory: str) -> None:
+        self._handle = paths.open_file(paths.join(directory, REMOVED_FILE), "wb")
+        self._writer = pq.ParquetWriter(self._handle, REMOVED_SCHEMA, compression="zstd")
+        self._thread = futures.ThreadPoolExecutor(1)
+        self._pending: list[futures.Future] = []
+        self.count = 0
+        self.sample: list[str] = []
+
+    def append(self, aside: pa.Table) -> None:
+        """Take the write's set-aside rows (_REMOVED_ASIDE) of one task."""
+        removed = pa.table(
+            {
+                "id": aside.column(_REMOVED_PREFIX + documents.ID_COLUMN),
+                "duplicate_of": aside.column(_DUPLICATE_OF),
+                "similarity": pa.array(np.ones(aside.num_rows)),
+                "source": aside.column(_REMOVED_PREFIX + documents.SOURCE_COLUMN),
+            }
+        ).cast(REMOVED_SCHEMA)
+        self.count += removed.num_rows
+        wanted = documents.DROPPED_SAMPLE - len(self.sample)
+        self.sample += removed.column("id").slice(0, wanted).to_pylist()
+        self._pending.append(self._thread.submit(self._writer.write_table, removed))
+
+    def __enter__(self) -> _RemovedWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            for pending in self._pending:
+                pending.result()
+        finally:
+            self._thread.shutdown()
+            self._writer.close()
+            self._handle.close()
 
 
 def _text_digests(texts: pa.Array | pa.ChunkedArray) -> list[bytes]:

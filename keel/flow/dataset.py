@@ -41,7 +41,7 @@ from keel.flow.ops import (
     Sort,
 )
 from keel.flow.plan import Op, build_plan, explain
-from keel.flow.runner import FlowResult, RunOptions, execute
+from keel.flow.runner import AsideHandler, FlowResult, RunOptions, execute
 from keel.flow.sources import Source, file_source, items_source
 from keel.flow.tasks import CollectOutput, CountOutput, FileOutput, Output, Settings
 
@@ -151,6 +151,7 @@ class Dataset:
         commit: bool = True,
         aside: Sequence[str] = (),
         checkpoint: str | None = None,
+        on_aside: AsideHandler | None = None,
         **overrides: Any,
     ) -> FlowResult:
         """Write zstd Parquet files `part-NNNNN-of-NNNNN.parquet` to `directory`, atomically.
@@ -160,13 +161,15 @@ class Dataset:
         `commit=False` the files go into `directory` as they are, for a caller that writes more
         files beside them and commits the whole (keel.core.commit.staged_output's staging).
         `aside`: rows whose first such column is not null are returned in FlowResult.aside
-        (those columns only) instead of being written; the files lack these columns.
+        (those columns only) instead of being written; the files lack these columns. With
+        `on_aside`, each task's set-aside rows go to it instead, on this process, in input order
+        and as soon as the tasks before it are done: a caller writes them while the run goes on.
         `checkpoint`: a directory where finished tasks of a one-stage plan are kept, so that a
         rerun after a failure redoes only the others (tasks.FileOutput.checkpoint)."""
         output = FileOutput(
             "parquet", target_file_bytes, os.fspath(directory), commit, tuple(aside), checkpoint
         )
-        return self.run(output, options, **overrides)
+        return self.run(output, options, on_aside, **overrides)
 
     def write_jsonl(
         self,
@@ -197,10 +200,15 @@ class Dataset:
         return table if table is not None else pa.table({})
 
     def run(
-        self, output: Output, options: RunOptions | None = None, **overrides: Any
+        self,
+        output: Output,
+        options: RunOptions | None = None,
+        on_aside: AsideHandler | None = None,
+        **overrides: Any,
     ) -> FlowResult:
         """Run the pipeline into `output` (the building block of the actions above)."""
-        return execute(self.source, build_plan(self.ops), output, _options(options, overrides))
+        plan = build_plan(self.ops)
+        return execute(self.source, plan, output, _options(options, overrides), on_aside)
 
     def explain(self) -> str:
         """The plan: stages, fused operations, shuffles."""

@@ -58,8 +58,7 @@ def mark(table: pa.Table, op: MarkLaterCopies, shard: int, keys_dir: str) -> pa.
     """The shard's rows (all of them, in order) with column `op.into` appended; publishes this
     shard's keys for the later shards before it looks at theirs."""
     high, low = key_words(table, op.key)
-    order = np.lexsort((low, high))  # stable: a key's rows stay in row order
-    sorted_high, sorted_low = high[order], low[order]
+    order, sorted_high, sorted_low = _sorted_keys(high, low)
     starts = np.ones(len(order), dtype=bool)
     starts[1:] = (sorted_high[1:] != sorted_high[:-1]) | (sorted_low[1:] != sorted_low[:-1])
     firsts = order[starts]  # [keys]: the row of each distinct key's first copy, by key
@@ -116,6 +115,19 @@ def key_words(table: pa.Table, column: str) -> tuple[np.ndarray, np.ndarray]:
         keys.buffers()[1], dtype=np.uint64, count=2 * len(keys), offset=keys.offset * KEY_BYTES
     ).reshape(-1, 2)
     return words[:, 0].copy(), words[:, 1].copy()
+
+
+def _sorted_keys(high: np.ndarray, low: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The rows in key order (high word, then low), a key's rows in row order: (order, high,
+    low), each [rows]. A stable sort of the high words alone (half the time of sorting both) is
+    that order unless two keys share a high word, checked, where both words are sorted."""
+    order = np.argsort(high, kind="stable")
+    sorted_high, sorted_low = high[order], low[order]
+    shared = (sorted_high[1:] == sorted_high[:-1]) & (sorted_low[1:] != sorted_low[:-1])
+    if shared.any():
+        order = np.lexsort((low, high))
+        sorted_high, sorted_low = high[order], low[order]
+    return order, sorted_high, sorted_low
 
 
 def _lookup(keys: pa.Table, high: np.ndarray, low: np.ndarray) -> np.ndarray:

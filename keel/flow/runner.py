@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -115,19 +115,29 @@ class RunOptions:
     flow.stage namespace. Default from $KEEL_TELEMETRY; None: not reported."""
 
 
+AsideHandler = Callable[[pa.Table], None]
+"""Takes one task's set-aside rows (FileOutput.aside) on the coordinator, tasks in input order."""
+
+
 def execute(
-    source: Source, stages: Sequence[StagePlan], output: Output, options: RunOptions
+    source: Source,
+    stages: Sequence[StagePlan],
+    output: Output,
+    options: RunOptions,
+    on_aside: AsideHandler | None = None,
 ) -> FlowResult:
     """Run `stages` over `source` into `output`. A file output that commits itself is staged
-    (and its path checked) before the first stage starts."""
+    (and its path checked) before the first stage starts. `on_aside`: each task's set-aside rows
+    go to it as soon as the tasks before it are done, instead of into FlowResult.aside."""
     memory.use_in_this_process()
     if not isinstance(output, FileOutput) or not output.commit:
-        return _execute(source, stages, output, options)
+        return _execute(source, stages, output, options, on_aside)
     inputs = source.files if isinstance(source, FileSource) else ()
     with staged_output(
         output.destination, marker=SUCCESS_MARKER, kind=OUTPUT_KIND, inputs=inputs
     ) as staging:
-        result = _execute(source, stages, dataclasses.replace(output, destination=staging), options)
+        staged = dataclasses.replace(output, destination=staging)
+        result = _execute(source, stages, staged, options, on_aside)
         paths.write_text(paths.join(staging, SUCCESS_MARKER), "")
     final = paths.normalize(output.destination)
     result.files = [paths.join(final, _name(path)) for path in result.files]
@@ -135,7 +145,11 @@ def execute(
 
 
 def _execute(
-    source: Source, stages: Sequence[StagePlan], output: Output, options: RunOptions
+    source: Source,
+    stages: Sequence[StagePlan],
+    output: Output,
+    options: RunOptions,
+    on_aside: AsideHandler | None,
 ) -> FlowResult:
     owned = isinstance(options.backend, str)
     backend = (
@@ -168,7 +182,10 @@ def _execute(
                     )
                     for index, task_input in enumerate(inputs)
                 ]
-                counters, results = _run_stage(backend, stage, tasks, options.retries, progress)
+                handed = on_aside if stage.shuffle is None else None
+                counters, results = _run_stage(
+                    backend, stage, tasks, options.retries, progress, handed
+                )
                 result.stages.append(counters)
                 if options.telemetry:
                     sink.write_record(
@@ -184,7 +201,7 @@ def _execute(
                     inputs = _partitions(results, stage.shuffle)
                 else:
                     result.rows = counters.rows_out
-                    _finish(output, results, result)
+                    _finish(output, results, result, handed_aside=on_aside is not None)
     finally:
         if owned:
             backend.close()
@@ -254,11 +271,16 @@ def _partitions(results: list[TaskResult], op: WideOp) -> list:
     ]
 
 
-def _run_stage(backend, stage, tasks, retries, progress: ProgressDisplay):
+def _run_stage(
+    backend, stage, tasks, retries, progress: ProgressDisplay, on_aside: AsideHandler | None
+):
     counters = StageCounters(stage.index, stage.name, len(tasks))
     shown = progress.task(f"stage {stage.index}: {stage.name}", len(tasks), unit="tasks")
+    in_order = _InOrder(on_aside) if on_aside is not None else None
 
     def done(task: Task, task_result: TaskResult, attempts: int) -> None:
+        if in_order is not None:
+            in_order.finished(task.index, task_result)
         counters.rows_in += task_result.rows_in
         counters.rows_out += task_result.rows_out
         counters.bytes_spilled += task_result.bytes_spilled
@@ -283,15 +305,40 @@ def _run_stage(backend, stage, tasks, retries, progress: ProgressDisplay):
     return counters, results
 
 
-def _finish(output: Output, results: list[TaskResult], result: FlowResult) -> None:
+class _InOrder:
+    """Hands each task's set-aside rows to `on_aside` in task order, as soon as every earlier
+    task is done (tasks finish in any order)."""
+
+    def __init__(self, on_aside: AsideHandler) -> None:
+        self.on_aside = on_aside
+        self.waiting: dict[int, TaskResult] = {}
+        self.next = 0
+
+    def finished(self, index: int, task_result: TaskResult) -> None:
+        self.waiting[index] = task_result
+        while self.next in self.waiting:
+            table = _aside_table(self.waiting.pop(self.next))
+            self.next += 1
+            if table is not None:
+                self.on_aside(table)
+
+
+def _aside_table(*results: TaskResult) -> pa.Table | None:
+    """The rows `results` set aside, in order; None when none."""
+    segments = [Segment(path, 0, 0) for r in results for path in r.aside]
+    batches = list(read_segments(segments))
+    return concat_batches(batches) if batches else None
+
+
+def _finish(
+    output: Output, results: list[TaskResult], result: FlowResult, handed_aside: bool
+) -> None:
     if isinstance(output, FileOutput):
         files = [path for task_result in results for path in task_result.files]
         paths.make_dirs(output.destination)
         result.files = place_parts(files, output.destination)
-        if output.aside:
-            segments = [Segment(path, 0, 0) for r in results for path in r.aside]
-            batches = list(read_segments(segments))
-            result.aside = concat_batches(batches) if batches else None
+        if output.aside and not handed_aside:
+            result.aside = _aside_table(*results)
     elif isinstance(output, CollectOutput):
         segments = [Segment(path, 0, 0) for task_result in results for path in task_result.files]
         table = concat_batches(list(read_segments(segments)))

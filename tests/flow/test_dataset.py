@@ -1,6 +1,7 @@
 """The Dataset API on the local backend: each operation's meaning, the plan, the outputs."""
 
 import json
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -264,3 +265,23 @@ def test_write_parquet_sets_marked_rows_aside_in_the_same_pass(pool, tmp_path):
     assert result.aside.column_names == aside
     assert result.aside.column("odd_n").to_pylist() == list(range(1, 100, 2))  # input order
     assert set(result.aside.column("why").to_pylist()) == {"odd"}
+
+    def slow_first(row):  # shard 0 finishes last, so the handler must wait for it
+        if row["n"] == 0:
+            time.sleep(0.5)
+        return row
+
+    handed: list[list[int]] = []
+    result = (
+        from_items(ROWS, num_shards=4)
+        .map(slow_first)
+        .map_batches(mark)
+        .write_parquet(
+            tmp_path / "handed",
+            backend=pool,
+            aside=aside,
+            on_aside=lambda table: handed.append(table.column("odd_n").to_pylist()),
+        )
+    )
+    assert result.aside is None and pq.read_table(tmp_path / "handed").equals(written)
+    assert handed == [[n for n in range(start, start + 25) if n % 2] for start in (0, 25, 50, 75)]

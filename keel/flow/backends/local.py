@@ -70,7 +70,15 @@ class LocalBackend:
                         worker = _Worker()
                         self._pool.append(worker)
                         outcome = ("error", outcome[1], True)
-                    idle.append(worker)
+                    if outcome[0] == "ok" and attempts.waiting:
+                        # the next task first: recording a result may take a while (on_done
+                        # hands set-aside rows over); a failure is recorded first instead, so
+                        # that its retry starts before any new task
+                        following, attempt = attempts.next()
+                        worker.send(tasks[following], attempt)
+                        busy[worker] = following
+                    else:
+                        idle.append(worker)
                     attempts.finished(index, outcome)
         except BaseException:
             self.close()  # workers may hold half-done tasks: never reuse them
