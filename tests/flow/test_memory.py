@@ -1,7 +1,9 @@
 """Worker memory: a group_by over data five times the memory budget finishes with bounded worker
-memory, and flow's processes allocate from the pool keel.flow.memory chooses."""
+memory, flow's processes allocate from the pool keel.flow.memory chooses, and local workers share
+the cores among their BLAS threads."""
 
 import json
+import os
 import random
 
 import pytest
@@ -89,3 +91,22 @@ def test_workers_and_coordinator_allocate_from_jemalloc_unless_the_environment_n
     monkeypatch.setenv("ARROW_DEFAULT_MEMORY_POOL", "system")
     with LocalBackend(workers=2) as backend:
         assert set(rows.to_table(backend=backend).column("pool").to_pylist()) == {"system"}
+
+
+def _blas_threads(row: dict) -> dict:
+    return {"threads": os.environ.get("OPENBLAS_NUM_THREADS")}
+
+
+def test_workers_share_the_cores_among_their_blas_threads_unless_the_environment_says(
+    monkeypatch,
+):
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    rows = from_items([{"n": n} for n in range(4)], num_shards=2).map(_blas_threads)
+    for workers, threads in ((2, "4"), (16, "1")):
+        with LocalBackend(workers=workers) as backend:
+            seen = rows.to_table(backend=backend).column("threads").to_pylist()
+        assert set(seen) == {threads}, workers
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+    with LocalBackend(workers=2) as backend:
+        assert set(rows.to_table(backend=backend).column("threads").to_pylist()) == {"3"}
