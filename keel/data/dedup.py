@@ -9,8 +9,8 @@ is a document set, Parquet, JSONL or text files (keel.data.inputs).
 An input of a few files (ONE_READ_MAX_FILES, none over ONE_READ_MAX_FILE_BYTES) is read once:
 each file, in input order, hashes its texts, tells the later files which it holds and sets
 aside the documents an earlier one holds (keel/flow's mark_later_copies: no shuffle, one file
-in memory per worker). On 2M documents in 8 files this takes about 1.2x polars' time
-(docs/benchmarks.md), where the design below took 1.4x.
+in memory per worker). On 2M documents in 8 files this takes 1.12x polars' time at 0.9x its
+peak memory (docs/benchmarks.md), where the design below took 1.4x.
 
 A larger input takes two passes, and no text in any shuffle: the first reads texts, ids and
 sources, and shuffles only each document's text hash, id, source and place in the input
