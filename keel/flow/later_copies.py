@@ -72,18 +72,7 @@ def mark(table: pa.Table, op: MarkLaterCopies, shard: int, keys_dir: str) -> pa.
         keys_file(keys_dir, shard),
         pa.table({HIGH: distinct_high, LOW: distinct_low, CARRY: carry.take(firsts)}),
     )
-    # each key's first copy in an earlier shard: its place among `earlier`, or -1
-    found = np.full(len(firsts), -1, dtype=np.int64)
-    earlier: list[pa.Array] = []
-    held = 0
-    for other in range(shard):
-        keys = _wait_for(keys_file(keys_dir, other))
-        missing = np.flatnonzero(found < 0)
-        rows = _lookup(keys, distinct_high[missing], distinct_low[missing])
-        hit = rows >= 0
-        found[missing[hit]] = held + np.arange(int(hit.sum()))
-        earlier.append(keys.column(CARRY).take(rows[hit]).combine_chunks().cast(carry.type))
-        held += int(hit.sum())
+    found, earlier = _earlier_copies(keys_dir, shard, distinct_high, distinct_low, carry.type)
     key_of = np.empty(len(order), dtype=np.int64)  # [rows]: each row's distinct key
     key_of[order] = np.cumsum(starts) - 1
     earliest = found[key_of]
@@ -91,8 +80,29 @@ def mark(table: pa.Table, op: MarkLaterCopies, shard: int, keys_dir: str) -> pa.
     # null for a first copy that no earlier shard holds
     source = np.where(earliest >= 0, len(table) + earliest, firsts[key_of])
     first_here = source == np.arange(len(table))
-    values = pa.concat_arrays([carry, *earlier])
+    values = pa.concat_arrays([carry, earlier])
     return table.append_column(op.into, values.take(pa.array(source, mask=first_here)))
+
+
+def _earlier_copies(
+    keys_dir: str, shard: int, high: np.ndarray, low: np.ndarray, carry_type: pa.DataType
+) -> tuple[np.ndarray, pa.Array]:
+    """Where each of this shard's distinct keys (high, low: uint64 [keys]) first appears in an
+    earlier shard, waiting for each earlier shard's key file in turn: the place of its carry
+    value in the returned array (int64 [keys], -1 where no earlier shard holds it), and those
+    carry values."""
+    found = np.full(len(high), -1, dtype=np.int64)
+    values: list[pa.Array] = []
+    held = 0
+    for other in range(shard):
+        keys = _wait_for(keys_file(keys_dir, other))
+        missing = np.flatnonzero(found < 0)
+        rows = _lookup(keys, high[missing], low[missing])
+        hit = rows >= 0
+        found[missing[hit]] = held + np.arange(int(hit.sum()))
+        values.append(keys.column(CARRY).take(rows[hit]).combine_chunks().cast(carry_type))
+        held += int(hit.sum())
+    return found, pa.concat_arrays(values) if values else pa.array([], carry_type)
 
 
 def publish_none(shard: int, keys_dir: str) -> None:

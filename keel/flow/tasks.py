@@ -266,17 +266,16 @@ class Task:
     def _whole_shard(self, chunks: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The shard's rows through `shard_op` (sort, mark_later_copies) and then `after`."""
         batches = list(chunks)
-        marking = isinstance(self.shard_op, MarkLaterCopies)
-        keys_dir = paths.join(stage_dir(self.work_dir, self.stage), "keys")
-        if not batches:
-            if marking:  # the later shards wait for this one's keys, even when it has none
+        if isinstance(self.shard_op, MarkLaterCopies):
+            keys_dir = paths.join(stage_dir(self.work_dir, self.stage), "keys")
+            if not batches:  # the later shards wait for this one's keys, even when it has none
                 later_copies.publish_none(self.index, keys_dir)
-            return
-        table = concat_batches(batches)
-        if marking:
-            table = later_copies.mark(table, self.shard_op, self.index, keys_dir)
+                return
+            table = later_copies.mark(concat_batches(batches), self.shard_op, self.index, keys_dir)
+        elif batches:
+            table = concat_batches(batches).sort_by(list(self.shard_op.keys))
         else:
-            table = table.sort_by(list(self.shard_op.keys))
+            return
         for batch in table.to_batches(self.settings.chunk_rows):
             out = run_narrow(self.after, batch)
             if out is not None:
