@@ -103,7 +103,8 @@ class FileOutput:
     """A directory where each finished task of a one-stage plan (narrow operations on the
     source) keeps its files and a done marker, `task-NNNNN/done.json`; a task whose marker is
     there returns what it recorded instead of running, so a rerun of a failed run redoes only
-    the unfinished shards. The caller names the directory for the run's identity (its input
+    the unfinished shards (a task of mark_later_copies runs again, since the later shards need
+    the keys it publishes). The caller names the directory for the run's identity (its input
     files, operations and settings) and removes it once the output is committed."""
 
 
@@ -169,7 +170,9 @@ class Task:
 
     def run(self, attempt: int) -> TaskResult:
         checkpoint = self.output.checkpoint if isinstance(self.output, FileOutput) else None
-        if checkpoint is None or not isinstance(self.input, SourceInput):
+        # a mark_later_copies task runs again: the later shards wait for the keys it publishes
+        marking = isinstance(self.shard_op, MarkLaterCopies)
+        if checkpoint is None or marking or not isinstance(self.input, SourceInput):
             return self._run(attempt)
         kept = paths.join(checkpoint, f"task-{self.index:05d}")
         marker = paths.join(kept, DONE_MARKER)

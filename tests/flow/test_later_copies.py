@@ -11,9 +11,11 @@ from pathlib import Path
 import cloudpickle
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import xxhash
 
+from keel.core.errors import UsageError
 from keel.flow import LocalBackend, TaskFailedError, from_items, later_copies
 from keel.flow.ops import MarkLaterCopies
 
@@ -72,6 +74,31 @@ def test_a_killed_worker_is_retried_and_the_marks_are_unchanged(tmp_path):
         result = marked.to_table(backend=backend, progress=False)
     assert marker.exists()
     assert result.column("first").to_pylist() == _expected(ROWS)
+
+
+def test_a_rerun_with_a_checkpoint_runs_every_shard_again(tmp_path):
+    """A checkpointed task returns what it recorded without running: a shard of
+    mark_later_copies must run, or the later shards would wait for keys it never publishes."""
+
+    def fail_in_shard_2(row):
+        if row["id"] == "r320" and not (tmp_path / "failed").exists():
+            (tmp_path / "failed").write_text("once")
+            raise UsageError("a fact about the data: not retried")
+        return row
+
+    marked = (
+        from_items(ROWS, 4)
+        .map(fail_in_shard_2)
+        .map_batches(_keyed)
+        .mark_later_copies("key", carry="id", into="first")
+    )
+    checkpoint = str(tmp_path / "checkpoint")
+    with LocalBackend(workers=2) as backend, pytest.raises(TaskFailedError, match="not retried"):
+        marked.write_parquet(tmp_path / "out", backend=backend, checkpoint=checkpoint)
+    with LocalBackend(workers=2) as backend:
+        marked.write_parquet(tmp_path / "out", backend=backend, checkpoint=checkpoint)
+    written = pq.read_table(tmp_path / "out").column("first").to_pylist()
+    assert written == _expected(ROWS)
 
 
 def test_a_key_that_is_not_16_bytes_or_a_carry_with_nulls_is_refused_naming_the_column():
