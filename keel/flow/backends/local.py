@@ -55,13 +55,16 @@ class LocalBackend:
             self._pool.append(_Worker(self.workers))
         idle = list(self._pool)
         busy: dict[_Worker, int] = {}
+
+        def start_next(worker: _Worker) -> None:
+            index, attempt = attempts.next()
+            worker.send(tasks[index], attempt)
+            busy[worker] = index
+
         try:
             while attempts.waiting or busy:
                 while idle and attempts.waiting:
-                    worker = idle.pop()
-                    index, attempt = attempts.next()
-                    worker.send(tasks[index], attempt)
-                    busy[worker] = index
+                    start_next(idle.pop())
                 for worker in _ready(busy):
                     index = busy.pop(worker)
                     outcome = worker.receive()
@@ -74,9 +77,7 @@ class LocalBackend:
                         # the next task first: recording a result may take a while (on_done
                         # hands set-aside rows over); a failure is recorded first instead, so
                         # that its retry starts before any new task
-                        following, attempt = attempts.next()
-                        worker.send(tasks[following], attempt)
-                        busy[worker] = following
+                        start_next(worker)
                     else:
                         idle.append(worker)
                     attempts.finished(index, outcome)
