@@ -71,6 +71,12 @@ QUIET = typer.Option(False, "--quiet", help="Show no progress; the report still 
 SET = typer.Option(
     [], "--set", help="Override any field of the stage's config: key=value (repeatable)."
 )
+FORCE = typer.Option(
+    False,
+    "--force",
+    help="fuzzy: remove near-duplicates even where a source loses more than "
+    "max_source_drop of its documents (the same as --set max_source_drop=1).",
+)
 
 
 def register(parent: typer.Typer) -> None:
@@ -94,24 +100,37 @@ COMMON_OPTIONS = {
 }
 
 
+STAGE_OPTIONS = {"fuzzy_dedup": {"force": (bool, FORCE)}}
+"""Options of generated commands that are not config fields, by stage: fuzzy-dedup's --force,
+which its source guard's error names (as `keel data dedup --mode fuzzy` has it)."""
+
+
 def run_generated(stage: Stage, config: object, common: dict) -> None:
     """The body of a generated command: --set on top of the flags, then the stage."""
     options = flow_options(
         common["workers"], common["backend"], common["progress"], common["quiet"]
     )
     config = configured(config, common["overrides"])
+    if common.get("force"):
+        config = without_source_guard(config)
     report = run_registered(stage, common["input"], common["output"], config, options)
     show_report(report, common["output"], common["as_json"])
+    if "sources" in report.details and not common["as_json"]:
+        show_source_losses(report.details["sources"])
 
 
 def add_generated_commands() -> None:
     for stage in registry.STAGES.values():
         name = command_name(stage)
         if name not in HAND_WRITTEN:
-            command = stage_command(
-                stage, COMMON_OPTIONS, run_generated, FLAG_ALIASES.get(stage.name, {})
-            )
+            options = {**COMMON_OPTIONS, **STAGE_OPTIONS.get(stage.name, {})}
+            command = stage_command(stage, options, run_generated, FLAG_ALIASES.get(stage.name, {}))
             app.command(name)(command)
+
+
+def without_source_guard(config: FuzzyDedupConfig) -> FuzzyDedupConfig:
+    """--force: fuzzy dedup's config with its source guard lifted (max_source_drop=1)."""
+    return dataclasses.replace(config, max_source_drop=1.0)
 
 
 def run_stage(
@@ -247,14 +266,11 @@ def train_quality_command(
 def dedup_command(
     input: str = INPUT,
     output: str = OUTPUT,
-    mode: str = typer.Option("exact", "--mode", help="exact (same id) or fuzzy (MinHash LSH)."),
-    threshold: float = typer.Option(0.8, "--threshold", help="fuzzy: Jaccard to remove at."),
-    force: bool = typer.Option(
-        False,
-        "--force",
-        help="fuzzy: remove near-duplicates even where a source loses more than "
-        "max_source_drop of its documents (the same as --set max_source_drop=1).",
+    mode: str = typer.Option(
+        "exact", "--mode", help="exact (same text) or fuzzy (MinHash LSH, verified)."
     ),
+    threshold: float = typer.Option(0.8, "--threshold", help="fuzzy: Jaccard to remove at."),
+    force: bool = FORCE,
     overrides: list[str] = SET,
     workers: int | None = WORKERS,
     backend: str = BACKEND,
@@ -279,7 +295,7 @@ def dedup_command(
     elif mode == "fuzzy":
         config = configured(FuzzyDedupConfig(threshold=threshold), overrides)
         if force:
-            config = dataclasses.replace(config, max_source_drop=1.0)
+            config = without_source_guard(config)
         report = run_stage(
             run_fuzzy_dedup,
             input,

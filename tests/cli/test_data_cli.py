@@ -215,8 +215,9 @@ def test_a_data_stage_writes_progress_lines_into_a_log_and_none_with_quiet(cli):
 
 
 def test_fuzzy_dedup_source_guard_is_one_error_line_and_force_lifts_it(cli):
-    """JSONL straight into `keel data dedup --mode fuzzy`: a source that would lose 90% stops
-    the run (exit 1, nothing written); --force runs it and prints what each source lost."""
+    """JSONL straight into `keel data dedup --mode fuzzy` (and `keel data fuzzy-dedup`): a
+    source that would lose 90% stops the run (exit 1, nothing written); --force runs it and
+    prints what each source lost."""
     import random
 
     rng = random.Random(0)
@@ -242,3 +243,10 @@ def test_fuzzy_dedup_source_guard_is_one_error_line_and_force_lifts_it(cli):
     assert forced.returncode == 0, forced.stderr
     assert "web: 90.0% (90 of 100)" in forced.stdout
     assert (cli.root / "b" / "evidence.parquet").exists()
+    # the stage's own command has the --force its guard's error names
+    generated = ["data", "fuzzy-dedup", "--input", str(raw), "--workers", "1"]
+    stopped = cli.run(*generated, "--output", str(cli.root / "c"))
+    assert stopped.returncode == 1 and "or pass --force" in stopped.stderr, stopped.stderr
+    forced = cli.run(*generated, "--output", str(cli.root / "c"), "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "web: 90.0% (90 of 100)" in forced.stdout
